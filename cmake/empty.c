@@ -1,0 +1,1 @@
+/* Translation unit for targets whose code comes from linked layers. */

@@ -1,0 +1,234 @@
+/*
+ * fusco: MoE-aware collective communication (NCCL-style C API).
+ *
+ * Every function returns fuscoResult_t, never throws, never calls exit()/abort(), and never writes
+ * an out-parameter on failure. A pointer argument may be NULL exactly when nothing is read or
+ * written through it. fuscoGetLastError() returns a message describing the last failure.
+ *
+ * Thread safety: distinct communicators may be used concurrently from different threads. One
+ * communicator must not be used by two threads at the same time (calls on it are serialized by
+ * the caller), except fuscoCommAbort, which may be called from any thread to wake a blocked call.
+ * Group state (fuscoGroupStart/End) is per thread.
+ */
+#ifndef FUSCO_H_
+#define FUSCO_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with hidden visibility; only what this header declares is exported. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+#define FUSCO_MAJOR 0
+#define FUSCO_MINOR 1
+#define FUSCO_PATCH 0
+#define FUSCO_VERSION_CODE (FUSCO_MAJOR * 10000 + FUSCO_MINOR * 100 + FUSCO_PATCH)
+
+/* ---------------------------------------------------------------- basics */
+typedef enum {
+  fuscoSuccess = 0,
+  fuscoUnhandledCudaError = 1,
+  fuscoSystemError = 2,
+  fuscoInternalError = 3,
+  fuscoInvalidArgument = 4,
+  fuscoInvalidUsage = 5,
+  fuscoRemoteError = 6,
+  fuscoInProgress = 7,
+  fuscoTimeout = 8,
+  fuscoNumResults = 9
+} fuscoResult_t;
+
+typedef enum {
+  fuscoInt8 = 0,
+  fuscoUint8 = 1,
+  fuscoInt32 = 2,
+  fuscoUint32 = 3,
+  fuscoInt64 = 4,
+  fuscoUint64 = 5,
+  fuscoFloat16 = 6,
+  fuscoFloat32 = 7,
+  fuscoFloat64 = 8,
+  fuscoBfloat16 = 9,
+  fuscoFloat8e4m3 = 10,
+  fuscoFloat8e5m2 = 11,
+  fuscoNumTypes = 12
+} fuscoDataType_t;
+
+typedef enum { fuscoMemHost = 0, fuscoMemCuda = 1 } fuscoMemType_t;
+
+#define FUSCO_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[FUSCO_UNIQUE_ID_BYTES];
+} fuscoUniqueId;
+
+typedef struct fuscoComm* fuscoComm_t;
+
+/* [out] version: major*10000 + minor*100 + patch. */
+fuscoResult_t fuscoGetVersion(int* version);
+/* Returns a static string naming the result code (never NULL). */
+const char* fuscoGetErrorString(fuscoResult_t result);
+/* Returns the message of the last failed call on comm; comm may be NULL: the last error of the
+ * calling thread. Never NULL ("" when there was none). */
+const char* fuscoGetLastError(fuscoComm_t comm);
+
+/* ---------------------------------------------------------------- communicators */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;     /* set by FUSCO_CONFIG_INITIALIZER */
+  fuscoMemType_t memType;   /* default fuscoMemHost */
+  int cudaDevice;           /* -1: the calling thread's current device */
+  int timeoutMs;            /* bootstrap and every operation; 0: FUSCO_TIMEOUT_MS or 300000 */
+  int localSize;            /* ranks per node: > 0 wins; 0: FUSCO_LOCAL_SIZE if set, else detect
+                               from host identity. With a size L, node = rank / L (the last node
+                               may be smaller). */
+  const char* netDevices;   /* inter-node devices/rails, comma separated; NULL: auto */
+  size_t chunkBytes;        /* pipeline slice size; 0: auto */
+  int pipelineDepth;        /* slices in flight per peer; 0: auto */
+} fuscoConfig_t;
+
+#define FUSCO_CONFIG_MAGIC 0xf05c0c0fu
+#define FUSCO_CONFIG_VERSION 1u
+#define FUSCO_CONFIG_INITIALIZER                                                              \
+  {                                                                                           \
+    sizeof(fuscoConfig_t), FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION, fuscoMemHost, -1, 0, 0, \
+        NULL, 0, 0                                                                            \
+  }
+
+/* [out] id: magic + root address + random secret. The root (rank 0) must run in the calling
+ * process or in a process forked from it after this call. Each id serves one communicator. */
+fuscoResult_t fuscoGetUniqueId(fuscoUniqueId* id);
+/* Collective over nranks processes. [out] comm. Returns fuscoTimeout when a rank does not arrive
+ * within the timeout, fuscoInvalidUsage when ranks disagree (nranks, duplicate rank). */
+fuscoResult_t fuscoCommInitRank(fuscoComm_t* comm, int nranks, fuscoUniqueId id, int rank);
+fuscoResult_t fuscoCommInitRankConfig(fuscoComm_t* comm, int nranks, fuscoUniqueId id, int rank,
+                                      const fuscoConfig_t* config);
+/* Collective-free: safe after a peer died. */
+fuscoResult_t fuscoCommDestroy(fuscoComm_t comm);
+/* Wakes every blocked call of this comm with an error, then frees the comm like Destroy (the
+ * handle is invalid afterwards). */
+fuscoResult_t fuscoCommAbort(fuscoComm_t comm);
+fuscoResult_t fuscoCommCount(const fuscoComm_t comm, int* count);
+fuscoResult_t fuscoCommUserRank(const fuscoComm_t comm, int* rank);
+fuscoResult_t fuscoCommNodeInfo(const fuscoComm_t comm, int* node, int* numNodes, int* localRank,
+                                int* localSize);
+/* [out] asyncError: fuscoSuccess, or the error that broke the communicator. */
+fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError);
+
+/* Memory that peers on the same node can write directly (one-copy path). */
+fuscoResult_t fuscoMemAlloc(fuscoComm_t comm, void** ptr, size_t bytes);
+fuscoResult_t fuscoMemFree(fuscoComm_t comm, void* ptr);
+/* [in] buff: any buffer of the comm's memory space; [out] handle for fuscoCommDeregister.
+ * A buffer inside memory from fuscoMemAlloc is written directly by local peers. */
+fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void** handle);
+fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle);
+
+/* ---------------------------------------------------------------- streams and completion
+ * For fuscoMemCuda comms `stream` is a cudaStream_t and calls are stream-ordered. For fuscoMemHost
+ * comms `stream` must be NULL and the call returns when the data is in place on this rank. */
+
+/* ---------------------------------------------------------------- NCCL-compatible all-to-all */
+/* count elements to and from every rank; block j of sendbuff goes to rank j. */
+fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                            fuscoDataType_t datatype, fuscoComm_t comm, void* stream);
+/* MPI_Alltoallv semantics; counts and displacements in elements, host arrays of nranks entries;
+ * sendcounts[j] on rank i must equal recvcounts[i] on rank j, else fuscoInvalidUsage on both. */
+fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[],
+                             const size_t sdispls[], void* recvbuff, const size_t recvcounts[],
+                             const size_t rdispls[], fuscoDataType_t datatype, fuscoComm_t comm,
+                             void* stream);
+/* Inside a group every call is collected and executed together at fuscoGroupEnd (sends to peer
+ * p match receives from p in call order). Outside a group each call runs on its own. */
+fuscoResult_t fuscoGroupStart(void);
+fuscoResult_t fuscoGroupEnd(void);
+fuscoResult_t fuscoSend(const void* sendbuff, size_t count, fuscoDataType_t datatype, int peer,
+                        fuscoComm_t comm, void* stream);
+fuscoResult_t fuscoRecv(void* recvbuff, size_t count, fuscoDataType_t datatype, int peer,
+                        fuscoComm_t comm, void* stream);
+/* Rows named by an int64 index list (in the comm's memory space). */
+fuscoResult_t fuscoGatherSend(const void* sendbuff, const int64_t* rowIdx, size_t nrows,
+                              size_t rowBytes, int peer, fuscoComm_t comm, void* stream);
+fuscoResult_t fuscoScatterRecv(void* recvbuff, const int64_t* rowIdx, size_t nrows,
+                               size_t rowBytes, int peer, fuscoComm_t comm, void* stream);
+
+/* ---------------------------------------------------------------- layout descriptors */
+typedef struct fuscoLayout* fuscoLayout_t;
+/* sendRows: for peer 0, then peer 1, ...: sendCounts[p] row indices into sendbuff (duplicates
+ * allowed). recvRows likewise: recvCounts[p] row indices into recvbuff, the i-th row received from
+ * p goes to recvRows[...+i]; a receive row may appear only once. Host arrays; collective over
+ * the comm (counts are checked pairwise). */
+fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t rowBytes,
+                                const size_t sendCounts[], const int64_t* sendRows,
+                                const size_t recvCounts[], const int64_t* recvRows);
+fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t layout,
+                           void* stream);
+fuscoResult_t fuscoLayoutDestroy(fuscoLayout_t layout);
+
+/* ---------------------------------------------------------------- MoE dispatch and combine */
+enum { FUSCO_DEDUP_AUTO = 0, FUSCO_DEDUP_NONE = 1, FUSCO_DEDUP_RANK = 2, FUSCO_DEDUP_NODE = 3 };
+enum {
+  FUSCO_BALANCE_AUTO = 0,
+  FUSCO_BALANCE_NONE = 1,
+  FUSCO_BALANCE_STATIC = 2,
+  FUSCO_BALANCE_GREEDY = 3
+};
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;     /* FUSCO_MOE_CONFIG_INITIALIZER */
+  int numExperts;
+  const int* expertToRank;  /* [numExperts] placement, host array, same on every rank; NULL:
+                               contiguous blocks of numExperts/nranks */
+  int dedup;                /* AUTO: NODE when numNodes > 1, else RANK */
+  int balance;              /* AUTO: the best available */
+  int expertAlignment;      /* pad each local expert's block to a multiple of this many rows */
+} fuscoMoeConfig_t;
+
+#define FUSCO_MOE_CONFIG_MAGIC 0xf05c0e0fu
+#define FUSCO_MOE_CONFIG_VERSION 1u
+#define FUSCO_MOE_CONFIG_INITIALIZER                                                        \
+  {                                                                                         \
+    sizeof(fuscoMoeConfig_t), FUSCO_MOE_CONFIG_MAGIC, FUSCO_MOE_CONFIG_VERSION, 0, NULL,    \
+        FUSCO_DEDUP_AUTO, FUSCO_BALANCE_AUTO, 0                                             \
+  }
+
+typedef struct fuscoMoeHandle* fuscoMoeHandle_t;
+typedef struct {              /* what THIS rank sent in the last dispatch / combine of a handle */
+  size_t size;                /* caller sets sizeof(fuscoMoeStats_t) */
+  size_t dispatchRowsIntraNode, dispatchRowsInterNode;
+  size_t dispatchBytesIntraNode, dispatchBytesInterNode;
+  size_t combineBytesIntraNode, combineBytesInterNode;
+} fuscoMoeStats_t;
+
+fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
+                           const fuscoMoeConfig_t* config, const int64_t* topkIdx,
+                           size_t numTokens, int topk, void* stream);
+fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows,
+                                    int64_t* tokensPerLocalExpert);
+fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes,
+                               void* recvX, void* stream);
+fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
+                              fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
+                              void* out, void* stream);
+fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats);
+fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle);
+
+/* ---------------------------------------------------------------- additions */
+/* [out] bytes: size of one element of datatype. */
+fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSCO_H_ */

@@ -1,0 +1,415 @@
+// alltoall_perf: fuscoAllToAll bandwidth, nccl-tests style.
+//
+// Sizes are the total bytes each rank sends (count * type size * nranks, as nccl-tests'
+// alltoall_perf). algbw = size / time, busbw = algbw * (n-1)/n; time is the slowest rank's average
+// per-iteration time. With -c 1 every received element is checked against the value its sender
+// wrote (a seeded hash of source rank, destination rank and index), and #wrong is summed over
+// ranks.
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "fusco.h"
+#include "launcher.h"
+
+namespace {
+
+using fusco::perf::Launch;
+
+struct TypeInfo {
+  const char* name;
+  fuscoDataType_t type;
+  size_t bytes;
+};
+
+const TypeInfo kTypes[] = {
+    {"int8", fuscoInt8, 1},          {"uint8", fuscoUint8, 1},
+    {"int32", fuscoInt32, 4},        {"uint32", fuscoUint32, 4},
+    {"int64", fuscoInt64, 8},        {"uint64", fuscoUint64, 8},
+    {"half", fuscoFloat16, 2},       {"float", fuscoFloat32, 4},
+    {"double", fuscoFloat64, 8},     {"bfloat16", fuscoBfloat16, 2},
+    {"fp8e4m3", fuscoFloat8e4m3, 1}, {"fp8e5m2", fuscoFloat8e5m2, 1},
+};
+
+struct Options {
+  size_t minBytes = 1 << 10;
+  size_t maxBytes = 64 << 20;
+  int factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  int check = 1;
+  int arena = 1;
+  const TypeInfo* type = &kTypes[7];  // float
+  const char* jsonPath = nullptr;
+  fusco::perf::LaunchOptions launch;
+};
+
+void usage(const char* prog) {
+  printf(
+      "usage: %s [options]\n"
+      "  -b BYTES   smallest size: bytes each rank sends in total (K/M/G suffixes; default 1K)\n"
+      "  -e BYTES   largest size (default 64M)\n"
+      "  -f N       size step factor (default 2)\n"
+      "  -n N       timed iterations per size (default 20)\n"
+      "  -w N       warmup iterations per size (default 5)\n"
+      "  -c 0|1     check every received element (default 1)\n"
+      "  -d TYPE    int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8e4m3\n"
+      "             fp8e5m2 (default float)\n"
+      "  -a 0|1     buffers from fuscoMemAlloc (1, one-copy path) or malloc (0) (default 1)\n"
+      "  -np N      fork N local ranks (else: mpirun / srun / torchrun environment, else 1 rank)\n"
+      "  -J FILE    append one JSON line per size to FILE (rank 0)\n"
+      "  -h         this help\n"
+      "srun needs MASTER_ADDR exported (rank 0's host); the id is served on FUSCO_ID_PORT\n"
+      "(default MASTER_PORT+1).\n",
+      prog);
+}
+
+// Returns 0 to run, 1 after -h, 2 on a bad command line (message printed).
+int parseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage(argv[0]);
+      return 1;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "%s: unknown option or missing value: %s (see -h)\n", argv[0], a.c_str());
+      return 2;
+    }
+    const char* v = argv[++i];
+    bool ok = true;
+    if (a == "-b")
+      ok = fusco::perf::parseSize(v, &o->minBytes);
+    else if (a == "-e")
+      ok = fusco::perf::parseSize(v, &o->maxBytes);
+    else if (a == "-f")
+      ok = fusco::perf::parseInt(v, &o->factor) && o->factor >= 2;
+    else if (a == "-n")
+      ok = fusco::perf::parseInt(v, &o->iters) && o->iters >= 1;
+    else if (a == "-w")
+      ok = fusco::perf::parseInt(v, &o->warmup) && o->warmup >= 0;
+    else if (a == "-c")
+      ok = fusco::perf::parseInt(v, &o->check) && (o->check == 0 || o->check == 1);
+    else if (a == "-a")
+      ok = fusco::perf::parseInt(v, &o->arena) && (o->arena == 0 || o->arena == 1);
+    else if (a == "-np")
+      ok = fusco::perf::parseInt(v, &o->launch.np) && o->launch.np >= 1;
+    else if (a == "-J")
+      o->jsonPath = v;
+    else if (a == "-d") {
+      o->type = nullptr;
+      for (const TypeInfo& t : kTypes) {
+        if (strcmp(t.name, v) == 0) o->type = &t;
+      }
+      ok = o->type != nullptr;
+    } else {
+      fprintf(stderr, "%s: unknown option %s (see -h)\n", argv[0], a.c_str());
+      return 2;
+    }
+    if (!ok) {
+      fprintf(stderr, "%s: bad value for %s: %s (see -h)\n", argv[0], a.c_str(), v);
+      return 2;
+    }
+  }
+  if (o->minBytes > o->maxBytes) {
+    fprintf(stderr, "%s: -b must not exceed -e\n", argv[0]);
+    return 2;
+  }
+  return 0;
+}
+
+uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The bits rank src sends to rank dst as element i (truncated to the type's size).
+inline uint64_t elementValue(uint64_t seed, int src, int dst, size_t i) {
+  return mix64(seed ^ (static_cast<uint64_t>(src) << 48) ^ (static_cast<uint64_t>(dst) << 32) ^ i);
+}
+
+inline void storeBits(char* p, size_t bytes, uint64_t v) { memcpy(p, &v, bytes); }
+inline bool sameBits(const char* p, size_t bytes, uint64_t v) { return memcmp(p, &v, bytes) == 0; }
+
+// One rank's run: a comm, its buffers, the sweep. Every failure is printed where it happens.
+class Rank {
+ public:
+  Rank(const Options& o, const Launch& l) : o_(o), l_(l) {}
+  ~Rank();
+  int run();
+
+ private:
+  bool ok(fuscoResult_t r, const char* what);
+  bool allocBuffers(size_t bytes);
+  bool gatherInfo();
+  bool barrier();
+  bool maxOverRanks(double mine, double* out);
+  bool sumOverRanks(int64_t mine, int64_t* out);
+  bool runSize(size_t count, double* usPerIter, int64_t* wrong);
+  void fill(size_t count, uint64_t seed);
+  int64_t verify(size_t count, uint64_t seed) const;
+  void printHeader(const std::vector<std::string>& info) const;
+  void printRow(size_t bytes, size_t count, double us, double algbw, double busbw, int64_t wrong);
+
+  const Options& o_;
+  const Launch& l_;
+  fuscoComm_t comm_ = nullptr;
+  char* send_ = nullptr;
+  char* recv_ = nullptr;
+  FILE* json_ = nullptr;
+};
+
+Rank::~Rank() {
+  if (comm_ != nullptr) {
+    for (char* p : {send_, recv_}) {
+      if (p != nullptr && o_.arena) fuscoMemFree(comm_, p);
+    }
+    fuscoCommDestroy(comm_);
+  }
+  if (!o_.arena) {
+    free(send_);
+    free(recv_);
+  }
+  if (json_ != nullptr) fclose(json_);
+}
+
+bool Rank::ok(fuscoResult_t r, const char* what) {
+  if (r == fuscoSuccess) return true;
+  fprintf(stderr, "# rank %d: %s failed: %s: %s\n", l_.rank, what, fuscoGetErrorString(r),
+          fuscoGetLastError(comm_));
+  return false;
+}
+
+bool Rank::allocBuffers(size_t bytes) {
+  bytes = bytes < 64 ? 64 : bytes;
+  if (o_.arena) {
+    void* s = nullptr;
+    void* r = nullptr;
+    if (!ok(fuscoMemAlloc(comm_, &s, bytes), "fuscoMemAlloc")) return false;
+    send_ = static_cast<char*>(s);
+    if (!ok(fuscoMemAlloc(comm_, &r, bytes), "fuscoMemAlloc")) return false;
+    recv_ = static_cast<char*>(r);
+    return true;
+  }
+  void* s = nullptr;
+  void* r = nullptr;
+  if (posix_memalign(&s, 4096, bytes) != 0 || posix_memalign(&r, 4096, bytes) != 0) {
+    free(s);
+    fprintf(stderr, "# rank %d: cannot allocate 2 x %zu bytes\n", l_.rank, bytes);
+    return false;
+  }
+  send_ = static_cast<char*>(s);
+  recv_ = static_cast<char*>(r);
+  return true;
+}
+
+bool Rank::maxOverRanks(double mine, double* out) {
+  std::vector<double> s(l_.nranks, mine), r(l_.nranks, 0.0);
+  if (!ok(fuscoAllToAll(s.data(), r.data(), 1, fuscoFloat64, comm_, nullptr), "fuscoAllToAll"))
+    return false;
+  *out = mine;
+  for (double v : r) *out = v > *out ? v : *out;
+  return true;
+}
+
+bool Rank::sumOverRanks(int64_t mine, int64_t* out) {
+  std::vector<int64_t> s(l_.nranks, mine), r(l_.nranks, 0);
+  if (!ok(fuscoAllToAll(s.data(), r.data(), 1, fuscoInt64, comm_, nullptr), "fuscoAllToAll"))
+    return false;
+  *out = 0;
+  for (int64_t v : r) *out += v;
+  return true;
+}
+
+bool Rank::barrier() {
+  int64_t sum = 0;
+  return sumOverRanks(1, &sum);
+}
+
+// Rank 0 learns every rank's host, pid and place in the node map, for the header.
+bool Rank::gatherInfo() {
+  int node = 0, numNodes = 1, localRank = 0, localSize = 1;
+  if (!ok(fuscoCommNodeInfo(comm_, &node, &numNodes, &localRank, &localSize), "fuscoCommNodeInfo"))
+    return false;
+  char host[64] = "?";
+  gethostname(host, sizeof(host) - 1);
+  const size_t kRec = 128;
+  char rec[kRec] = {};
+  snprintf(rec, kRec, "Rank %3d Pid %7d on %-16.32s node %d/%d local rank %d/%d", l_.rank,
+           static_cast<int>(getpid()), host, node, numNodes, localRank, localSize);
+  std::vector<char> s(kRec * l_.nranks), r(kRec * l_.nranks);
+  for (int p = 0; p < l_.nranks; ++p) memcpy(&s[kRec * p], rec, kRec);
+  if (!ok(fuscoAllToAll(s.data(), r.data(), kRec, fuscoUint8, comm_, nullptr), "fuscoAllToAll"))
+    return false;
+  if (l_.rank != 0) return true;
+  std::vector<std::string> info;
+  for (int p = 0; p < l_.nranks; ++p) info.emplace_back(&r[kRec * p], strnlen(&r[kRec * p], kRec));
+  printHeader(info);
+  return true;
+}
+
+void Rank::printHeader(const std::vector<std::string>& info) const {
+  int version = 0;
+  fuscoGetVersion(&version);
+  printf("# fusco %d.%d.%d alltoall_perf: %d ranks (%s, %s)\n", version / 10000,
+         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str());
+  printf(
+      "# minBytes %zu maxBytes %zu step: %d(factor) warmup iters: %d iters: %d "
+      "validation: %d datatype: %s buffers: %s\n",
+      o_.minBytes, o_.maxBytes, o_.factor, o_.warmup, o_.iters, o_.check, o_.type->name,
+      o_.arena ? "fuscoMemAlloc" : "malloc");
+  printf("#\n# Ranks\n");
+  for (const std::string& s : info) printf("#  %s\n", s.c_str());
+  printf("#\n");
+  printf("# %10s %12s %9s %11s %11s %11s %8s\n", "size", "count", "type", "time", "algbw", "busbw",
+         "#wrong");
+  printf("# %10s %12s %9s %11s %11s %11s %8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
+         "(GB/s)", "");
+  fflush(stdout);
+}
+
+void Rank::fill(size_t count, uint64_t seed) {
+  const size_t tb = o_.type->bytes;
+  for (int dst = 0; dst < l_.nranks; ++dst) {
+    char* block = send_ + static_cast<size_t>(dst) * count * tb;
+    for (size_t i = 0; i < count; ++i)
+      storeBits(block + i * tb, tb, elementValue(seed, l_.rank, dst, i));
+  }
+}
+
+int64_t Rank::verify(size_t count, uint64_t seed) const {
+  const size_t tb = o_.type->bytes;
+  int64_t wrong = 0;
+  for (int src = 0; src < l_.nranks; ++src) {
+    const char* block = recv_ + static_cast<size_t>(src) * count * tb;
+    for (size_t i = 0; i < count; ++i) {
+      uint64_t want = elementValue(seed, src, l_.rank, i);
+      if (sameBits(block + i * tb, tb, want)) continue;
+      if (wrong++ < 4) {
+        uint64_t got = 0;
+        memcpy(&got, block + i * tb, tb);
+        const uint64_t mask = tb == 8 ? ~uint64_t{0} : ((uint64_t{1} << (8 * tb)) - 1);
+        fprintf(stderr,
+                "# rank %d: element %zu from rank %d: got 0x%" PRIx64 " want 0x%" PRIx64 "\n",
+                l_.rank, i, src, got, want & mask);
+      }
+    }
+  }
+  return wrong;
+}
+
+// Times one size: warmup, a barrier, iters timed calls; then (with -c 1) one checked call into a
+// poisoned receive buffer.
+bool Rank::runSize(size_t count, double* usPerIter, int64_t* wrong) {
+  const uint64_t seed = 0x5eedf05c0ULL ^ (count * 0x100000001b3ULL);
+  const size_t bytes = count * o_.type->bytes * l_.nranks;
+  fill(count, seed);
+  for (int i = 0; i < o_.warmup; ++i) {
+    if (!ok(fuscoAllToAll(send_, recv_, count, o_.type->type, comm_, nullptr), "fuscoAllToAll"))
+      return false;
+  }
+  if (!barrier()) return false;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < o_.iters; ++i) {
+    if (!ok(fuscoAllToAll(send_, recv_, count, o_.type->type, comm_, nullptr), "fuscoAllToAll"))
+      return false;
+  }
+  double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (!maxOverRanks(us / o_.iters, usPerIter)) return false;
+  *wrong = 0;
+  if (!o_.check) return true;
+  memset(recv_, 0xA5, bytes);
+  if (!ok(fuscoAllToAll(send_, recv_, count, o_.type->type, comm_, nullptr), "fuscoAllToAll"))
+    return false;
+  return sumOverRanks(verify(count, seed), wrong);
+}
+
+void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double busbw,
+                    int64_t wrong) {
+  char wrongText[32] = "N/A";
+  if (o_.check) snprintf(wrongText, sizeof(wrongText), "%" PRId64, wrong);
+  printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %8s\n", bytes, count, o_.type->name, us, algbw,
+         busbw, wrongText);
+  fflush(stdout);
+  if (json_ != nullptr) {
+    fprintf(json_,
+            "{\"bench\":\"alltoall_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
+            "\"type\":\"%s\",\"buffers\":\"%s\",\"size\":%zu,\"count\":%zu,\"iters\":%d,"
+            "\"warmup\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
+            "\"wrong\":%" PRId64 ",\"checked\":%d}\n",
+            static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.type->name,
+            o_.arena ? "arena" : "malloc", bytes, count, o_.iters, o_.warmup, us, algbw, busbw,
+            wrong, o_.check);
+    fflush(json_);
+  }
+}
+
+int Rank::run() {
+  if (!ok(fuscoCommInitRank(&comm_, l_.nranks, l_.id, l_.rank), "fuscoCommInitRank")) return 1;
+  if (l_.rank == 0 && o_.jsonPath != nullptr && (json_ = fopen(o_.jsonPath, "a")) == nullptr) {
+    fprintf(stderr, "# rank 0: cannot open %s for appending: %s\n", o_.jsonPath, strerror(errno));
+  }
+  const int64_t jsonFailed = (l_.rank == 0 && o_.jsonPath != nullptr && json_ == nullptr) ? 1 : 0;
+  int64_t anyJsonFailed = 0;  // every rank stops together
+  if (!sumOverRanks(jsonFailed, &anyJsonFailed) || anyJsonFailed != 0) return 1;
+  if (!gatherInfo()) return 1;
+  const size_t unit = o_.type->bytes * l_.nranks;
+  if (!allocBuffers(o_.maxBytes / unit * unit)) return 1;
+
+  int64_t totalWrong = 0;
+  double busbwSum = 0;
+  int rows = 0;
+  size_t lastCount = ~size_t{0};
+  for (size_t size = o_.minBytes; size <= o_.maxBytes; size = size == 0 ? 1 : size * o_.factor) {
+    const bool last = size > o_.maxBytes / o_.factor;  // the next step passes -e (or overflows)
+    const size_t count = size / unit;
+    if (count == lastCount) {
+      if (last) break;
+      continue;
+    }
+    lastCount = count;
+    double us = 0;
+    int64_t wrong = 0;
+    if (!runSize(count, &us, &wrong)) return 1;
+    const size_t bytes = count * unit;
+    const double algbw = us > 0 ? bytes / us / 1e3 : 0;  // bytes/us/1e3 = GB/s
+    const double busbw = algbw * (l_.nranks - 1) / l_.nranks;
+    totalWrong += wrong;
+    busbwSum += busbw;
+    ++rows;
+    if (l_.rank == 0) printRow(bytes, count, us, algbw, busbw, wrong);
+    if (last) break;
+  }
+  if (l_.rank == 0) {
+    printf("# Out of bounds values : %" PRId64 " %s\n", totalWrong,
+           totalWrong == 0 ? "OK" : "FAILED");
+    printf("# Avg bus bandwidth    : %.3f\n", rows > 0 ? busbwSum / rows : 0.0);
+    printf("#\n");
+    fflush(stdout);
+  }
+  return totalWrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  int rc = parseArgs(argc, argv, &o);
+  if (rc != 0) return rc == 1 ? 0 : rc;
+  return fusco::perf::launchRanks(o.launch, [&o](const Launch& l) {
+    Rank rank(o, l);
+    return rank.run();
+  });
+}

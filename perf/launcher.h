@@ -1,0 +1,56 @@
+// How a perf binary's rank processes start and agree on one fuscoUniqueId.
+//
+// Shared by every perf binary (alltoall_perf, moe_perf, ...). Modes, tried in this order:
+//   1. `-np N` (LaunchOptions::np > 0): this process gets a unique id, forks N ranks, releases its
+//      copy of the id's listening socket and waits; the parent's result is non-zero if any rank
+//      failed (a crash, a non-zero exit, or a rank still running long after another failed).
+//   2. mpirun (OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE) in a build with MPI: MPI_Init,
+//      rank 0 gets the id and MPI_Bcasts it; MPI_Finalize after the body.
+//   3. torchrun (RANK/WORLD_SIZE), srun (SLURM_PROCID/SLURM_NTASKS) or mpirun without MPI: rank 0
+//      gets the id and serves it over TCP at MASTER_ADDR:FUSCO_ID_PORT (default MASTER_PORT+1,
+//      MASTER_PORT default 29500); the others connect with retries until the timeout. MASTER_ADDR
+//      may be left unset only when every rank runs on one host (then 127.0.0.1).
+//   4. none of the above: one rank in this process (same as -np 1 without the fork).
+// Nothing here calls exit(); errors come back as a message for main to print.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "fusco.h"
+
+namespace fusco {
+namespace perf {
+
+struct LaunchOptions {
+  int np = 0;               // > 0: fork this many local ranks (mode 1)
+  int timeoutMs = 0;        // TCP id exchange; 0: FUSCO_TIMEOUT_MS or 300000
+  int failGraceMs = 30000;  // after one forked rank fails, how long the others may still run
+};
+
+struct Launch {
+  int rank = 0;
+  int nranks = 1;
+  fuscoUniqueId id{};
+  bool forked = false;   // this rank was forked by the launcher (-np)
+  bool mpi = false;      // MPI_Init was called (MPI_COMM_WORLD usable by the body)
+  std::string mode;      // "fork", "mpi", "tcp" or "single"
+  std::string launcher;  // what started us: "-np", "mpirun", "srun", "torchrun", "none"
+};
+
+// The body a rank runs; its return value is the rank's exit status (0: success).
+using RankBody = std::function<int(const Launch&)>;
+
+// Starts the ranks (see the modes above) and runs body in each one.
+// Returns the status this process should exit with: the body's in a rank, the combined one in the
+// parent of forked ranks. A launch error (bad environment, id exchange failed) is printed to
+// stderr with the rank and returns 2.
+int launchRanks(const LaunchOptions& opts, const RankBody& body);
+
+// Parses "-np N" style integers and sizes with K/M/G suffixes ("64M" = 64 << 20).
+// Return false (and leave *out alone) on a malformed value.
+bool parseSize(const char* s, size_t* out);
+bool parseInt(const char* s, int* out);
+
+}  // namespace perf
+}  // namespace fusco

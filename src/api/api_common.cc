@@ -1,0 +1,82 @@
+#include <mutex>
+#include <set>
+
+#include "api/api_internal.h"
+
+namespace fusco {
+
+namespace {
+std::mutex gCommsMu;
+std::set<fuscoComm_t>& liveComms() {
+  static std::set<fuscoComm_t>* s = new std::set<fuscoComm_t>();
+  return *s;
+}
+}  // namespace
+
+void registerComm(fuscoComm_t comm) {
+  std::lock_guard<std::mutex> g(gCommsMu);
+  liveComms().insert(comm);
+}
+
+void unregisterComm(fuscoComm_t comm) {
+  std::lock_guard<std::mutex> g(gCommsMu);
+  liveComms().erase(comm);
+}
+
+bool commIsLive(fuscoComm_t comm) {
+  std::lock_guard<std::mutex> g(gCommsMu);
+  return comm != nullptr && liveComms().count(comm) != 0;
+}
+
+fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
+  if (comm == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: comm is NULL", fn);
+  if (!commIsLive(comm))
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "%s: comm %p is not a live communicator (destroyed or never created)", fn,
+                      static_cast<void*>(comm));
+  return fuscoSuccess;
+}
+
+void noteResult(fuscoComm_t comm, fuscoResult_t r) {
+  if (r == fuscoSuccess || !commIsLive(comm)) return;
+  comm->impl->lastError = threadLastError();
+}
+
+size_t dataTypeSize(fuscoDataType_t t) {
+  switch (t) {
+    case fuscoInt8: case fuscoUint8: case fuscoFloat8e4m3: case fuscoFloat8e5m2: return 1;
+    case fuscoFloat16: case fuscoBfloat16: return 2;
+    case fuscoInt32: case fuscoUint32: case fuscoFloat32: return 4;
+    case fuscoInt64: case fuscoUint64: case fuscoFloat64: return 8;
+    default: return 0;
+  }
+}
+
+}  // namespace fusco
+
+using namespace fusco;
+
+extern "C" {
+
+fuscoResult_t fuscoGetVersion(int* version) {
+  if (version == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoGetVersion: version is NULL");
+  *version = FUSCO_VERSION_CODE;
+  return fuscoSuccess;
+}
+
+const char* fuscoGetErrorString(fuscoResult_t result) { return resultName(result); }
+
+const char* fuscoGetLastError(fuscoComm_t comm) {
+  if (comm != nullptr && commIsLive(comm)) return comm->impl->lastError.c_str();
+  return threadLastError().c_str();
+}
+
+fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes) {
+  if (bytes == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: bytes is NULL");
+  size_t s = dataTypeSize(datatype);
+  if (s == 0) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: invalid datatype %d", (int)datatype);
+  *bytes = s;
+  return fuscoSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,198 @@
+// Communicator entry points: ids, init/destroy/abort, queries, memory and registration.
+#include <sched.h>
+
+#include "api/api_internal.h"
+#include "core/bootstrap.h"
+#include "core/log.h"
+#include "core/params.h"
+
+using namespace fusco;
+
+namespace {
+
+fuscoResult_t optionsFromConfig(const fuscoConfig_t* config, CommOptions* o) {
+  if (config == nullptr) return fuscoSuccess;
+  if (config->size != sizeof(fuscoConfig_t) || config->magic != FUSCO_CONFIG_MAGIC ||
+      config->version != FUSCO_CONFIG_VERSION)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "fuscoCommInitRankConfig: config has size %zu, magic 0x%x, version %u; "
+                      "expected %zu, 0x%x, %u (initialize it with FUSCO_CONFIG_INITIALIZER)",
+                      config->size, config->magic, config->version, sizeof(fuscoConfig_t),
+                      FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION);
+  if (config->memType != fuscoMemHost && config->memType != fuscoMemCuda)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "config.memType %d is not a memory type", (int)config->memType);
+  if (config->timeoutMs < 0 || config->localSize < 0 || config->pipelineDepth < 0)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "config: timeoutMs (%d), localSize (%d) and pipelineDepth (%d) must be >= 0",
+                      config->timeoutMs, config->localSize, config->pipelineDepth);
+  o->memType = config->memType;
+  o->cudaDevice = config->cudaDevice;
+  o->timeoutMs = config->timeoutMs;
+  o->localSize = config->localSize;
+  o->netDevices = config->netDevices ? config->netDevices : "";
+  o->chunkBytes = config->chunkBytes;
+  o->depth = config->pipelineDepth;
+  return fuscoSuccess;
+}
+
+fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, int rank,
+                       const fuscoConfig_t* config) {
+  paramsReload();
+  logConfigure();
+  if (comm == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: comm is NULL");
+  if (nranks <= 0)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: nranks %d must be > 0", nranks);
+  CommOptions opts;
+  FUSCO_CHECK(optionsFromConfig(config, &opts));
+  FUSCO_CHECK(bootstrapCheckId(id));
+  if (opts.memType == fuscoMemCuda)
+    return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                      "fuscoCommInitRank: fuscoMemCuda communicators need the CUDA path, which this "
+                      "build does not have");
+  logSetRank(rank);
+  std::unique_ptr<Communicator> impl;
+  FUSCO_CHECK(Communicator::create(id, nranks, rank, opts, &impl));
+  fuscoComm_t c = new fuscoComm();
+  c->impl = std::move(impl);
+  registerComm(c);
+  *comm = c;
+  return fuscoSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+fuscoResult_t fuscoGetUniqueId(fuscoUniqueId* id) {
+  return guarded(nullptr, "fuscoGetUniqueId", [&]() -> fuscoResult_t {
+    paramsReload();
+    if (id == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoGetUniqueId: id is NULL");
+    return bootstrapCreateId(id);
+  });
+}
+
+fuscoResult_t fuscoCommInitRank(fuscoComm_t* comm, int nranks, fuscoUniqueId id, int rank) {
+  return guarded(nullptr, "fuscoCommInitRank", [&] { return initRank(comm, nranks, id, rank, nullptr); });
+}
+
+fuscoResult_t fuscoCommInitRankConfig(fuscoComm_t* comm, int nranks, fuscoUniqueId id, int rank,
+                                      const fuscoConfig_t* config) {
+  return guarded(nullptr, "fuscoCommInitRankConfig", [&] {
+    if (config == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRankConfig: config is NULL");
+    return initRank(comm, nranks, id, rank, config);
+  });
+}
+
+fuscoResult_t fuscoCommDestroy(fuscoComm_t comm) {
+  return guarded(nullptr, "fuscoCommDestroy", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommDestroy"));
+    unregisterComm(comm);
+    delete comm;
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoCommAbort(fuscoComm_t comm) {
+  return guarded(nullptr, "fuscoCommAbort", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommAbort"));
+    comm->impl->requestAbort();
+    comm->impl->markBroken(fuscoInvalidUsage, "the communicator was aborted");
+    // Blocked calls notice the abort within one poll of their wait loop.
+    while (comm->impl->activeCalls.load() > 0) sched_yield();
+    unregisterComm(comm);
+    delete comm;
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoCommCount(const fuscoComm_t comm, int* count) {
+  return guarded(comm, "fuscoCommCount", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommCount"));
+    if (count == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommCount: count is NULL");
+    *count = comm->impl->nranks();
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoCommUserRank(const fuscoComm_t comm, int* rank) {
+  return guarded(comm, "fuscoCommUserRank", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommUserRank"));
+    if (rank == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommUserRank: rank is NULL");
+    *rank = comm->impl->rank();
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoCommNodeInfo(const fuscoComm_t comm, int* node, int* numNodes, int* localRank,
+                                int* localSize) {
+  return guarded(comm, "fuscoCommNodeInfo", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommNodeInfo"));
+    if (!node || !numNodes || !localRank || !localSize)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommNodeInfo: an output pointer is NULL");
+    const NodeMap& m = comm->impl->nodes();
+    int r = comm->impl->rank();
+    *node = m.nodeOf[r];
+    *numNodes = m.numNodes;
+    *localRank = m.localRankOf[r];
+    *localSize = m.localSize(m.nodeOf[r]);
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError) {
+  return guarded(comm, "fuscoCommGetAsyncError", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommGetAsyncError"));
+    if (asyncError == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommGetAsyncError: asyncError is NULL");
+    *asyncError = comm->impl->brokenResult();
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoMemAlloc(fuscoComm_t comm, void** ptr, size_t bytes) {
+  return guarded(comm, "fuscoMemAlloc", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoMemAlloc"));
+    if (ptr == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemAlloc: ptr is NULL");
+    if (bytes == 0) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemAlloc: bytes is 0");
+    return comm->impl->memAlloc(bytes, ptr);
+  });
+}
+
+fuscoResult_t fuscoMemFree(fuscoComm_t comm, void* ptr) {
+  return guarded(comm, "fuscoMemFree", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoMemFree"));
+    if (ptr == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemFree: ptr is NULL");
+    return comm->impl->memFree(ptr);
+  });
+}
+
+fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void** handle) {
+  return guarded(comm, "fuscoCommRegister", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommRegister"));
+    if (buff == nullptr || handle == nullptr || bytes == 0)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoCommRegister: buff (%p) and handle must be non-NULL and bytes (%zu) > 0",
+                        buff, bytes);
+    // The handle is a heap cell so it stays unique even for equal ranges.
+    void* h = new char;
+    comm->impl->registrations[h] = {buff, bytes};
+    *handle = h;
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle) {
+  return guarded(comm, "fuscoCommDeregister", [&] {
+    FUSCO_CHECK(checkComm(comm, "fuscoCommDeregister"));
+    auto& regs = comm->impl->registrations;
+    auto it = regs.find(handle);
+    if (it == regs.end())
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommDeregister: %p is not a registration of this comm", handle);
+    regs.erase(it);
+    delete static_cast<char*>(handle);
+    return fuscoSuccess;
+  });
+}
+
+}  // extern "C"

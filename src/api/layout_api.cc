@@ -1,0 +1,133 @@
+// Layout descriptors: validated once (counts pairwise, receive rows written at most once) by
+// fuscoLayoutCreate, then run many times by fuscoShuffle. Rows are gathered straight from the
+// send buffer and scattered straight into their final rows; no permuted copy is built.
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <vector>
+
+#include "api/api_internal.h"
+#include "engine/engine.h"
+
+using namespace fusco;
+
+struct fuscoLayout {
+  fuscoComm_t comm = nullptr;
+  size_t rowBytes = 0;
+  std::vector<std::vector<int64_t>> sendRows;  // [nranks]
+  std::vector<std::vector<int64_t>> recvRows;  // [nranks]
+};
+
+namespace {
+
+// Splits a concatenated row list into per-peer lists, checking every index.
+void splitRows(const size_t counts[], const int64_t* rows, int n, const char* what,
+               std::vector<std::vector<int64_t>>* out, ArgCheck* a) {
+  out->assign(n, {});
+  if (counts == nullptr) { a->fail("fuscoLayoutCreate: %sCounts is NULL", what); return; }
+  size_t total = 0;
+  for (int p = 0; p < n; ++p) total += counts[p];
+  if (total > 0 && rows == nullptr) { a->fail("fuscoLayoutCreate: %sRows is NULL with %zu rows", what, total); return; }
+  size_t at = 0;
+  for (int p = 0; p < n; ++p) {
+    (*out)[p].assign(rows + at, rows + at + counts[p]);
+    for (size_t i = 0; i < counts[p]; ++i) {
+      if (rows[at + i] < 0) {
+        a->fail("fuscoLayoutCreate: %sRows[%zu] (peer %d, row %zu) = %lld is negative", what,
+                at + i, p, i, static_cast<long long>(rows[at + i]));
+        return;
+      }
+    }
+    at += counts[p];
+  }
+}
+
+void checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, ArgCheck* a) {
+  std::vector<int64_t> all;
+  for (const auto& v : recv) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  auto dup = std::adjacent_find(all.begin(), all.end());
+  if (dup != all.end())
+    a->fail("fuscoLayoutCreate: receive row %lld appears more than once (each receive row is written once)",
+            static_cast<long long>(*dup));
+}
+
+Op layoutOp(const fuscoLayout& l, const void* sendbuff, void* recvbuff, const char* name) {
+  int n = static_cast<int>(l.sendRows.size());
+  Op op(n);
+  op.name = name;
+  op.kind = OpKind::Shuffle;
+  op.collective = true;
+  for (int p = 0; p < n; ++p) {
+    op.peers[p].sends.push_back(RowStream::indexed(sendbuff, l.rowBytes, l.sendRows[p].data(), l.sendRows[p].size()));
+    op.peers[p].recvs.push_back(RowStream::indexed(recvbuff, l.rowBytes, l.recvRows[p].data(), l.recvRows[p].size()));
+  }
+  return op;
+}
+
+}  // namespace
+
+extern "C" {
+
+fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t rowBytes,
+                                const size_t sendCounts[], const int64_t* sendRows,
+                                const size_t recvCounts[], const int64_t* recvRows) {
+  return guarded(comm, "fuscoLayoutCreate", [&]() -> fuscoResult_t {
+    FUSCO_CHECK(checkComm(comm, "fuscoLayoutCreate"));
+    int n = comm->impl->nranks();
+    std::unique_ptr<fuscoLayout> l(new fuscoLayout());
+    l->comm = comm;
+    l->rowBytes = rowBytes;
+    ArgCheck a;
+    if (layout == nullptr) a.fail("fuscoLayoutCreate: layout is NULL");
+    if (rowBytes == 0) a.fail("fuscoLayoutCreate: rowBytes is 0");
+    splitRows(sendCounts, sendRows, n, "send", &l->sendRows, &a);
+    splitRows(recvCounts, recvRows, n, "recv", &l->recvRows, &a);
+    if (a.status == fuscoSuccess) checkUniqueRecvRows(l->recvRows, &a);
+    if (a.status != fuscoSuccess) {
+      for (auto& v : l->sendRows) v.clear();
+      for (auto& v : l->recvRows) v.clear();
+    }
+    Op op = layoutOp(*l, nullptr, nullptr, "fuscoLayoutCreate");
+    op.validateOnly = true;
+    op.argStatus = a.status;
+    op.argError = a.message;
+    InFlight f(comm);
+    FUSCO_CHECK(runOp(*comm->impl, op));
+    *layout = l.release();
+    return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t layout, void* stream) {
+  fuscoComm_t comm = layout ? layout->comm : nullptr;
+  return guarded(comm, "fuscoShuffle", [&]() -> fuscoResult_t {
+    if (layout == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoShuffle: layout is NULL");
+    FUSCO_CHECK(checkComm(comm, "fuscoShuffle"));
+    ArgCheck a;
+    if (comm->impl->memType() == fuscoMemHost && stream != nullptr)
+      a.fail("fuscoShuffle: stream must be NULL for a host-memory communicator");
+    size_t sendRowsTotal = 0, recvRowsTotal = 0;
+    for (const auto& v : layout->sendRows) sendRowsTotal += v.size();
+    for (const auto& v : layout->recvRows) recvRowsTotal += v.size();
+    if (sendRowsTotal > 0 && sendbuff == nullptr) a.fail("fuscoShuffle: sendbuff is NULL with %zu rows to send", sendRowsTotal);
+    if (recvRowsTotal > 0 && recvbuff == nullptr) a.fail("fuscoShuffle: recvbuff is NULL with %zu rows to receive", recvRowsTotal);
+    Op op = layoutOp(*layout, sendbuff, recvbuff, "fuscoShuffle");
+    if (a.status != fuscoSuccess)
+      for (auto& w : op.peers) w.sends.clear(), w.recvs.clear();
+    op.argStatus = a.status;
+    op.argError = a.message;
+    InFlight f(comm);
+    return runOp(*comm->impl, op);
+  });
+}
+
+fuscoResult_t fuscoLayoutDestroy(fuscoLayout_t layout) {
+  return guarded(nullptr, "fuscoLayoutDestroy", [&]() -> fuscoResult_t {
+    if (layout == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoLayoutDestroy: layout is NULL");
+    delete layout;
+    return fuscoSuccess;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,24 @@
+// The state behind a fuscoMoeHandle_t: the plans of one fuscoMoePlan call and the buffers that
+// dispatch and combine reuse across calls.
+#pragma once
+
+#include <vector>
+
+#include "api/api_internal.h"
+#include "plan/moe_plan.h"
+
+struct fuscoMoeHandle {
+  fuscoComm_t comm = nullptr;
+  fusco::MoeShape shape;
+  fusco::Dedup dedup = fusco::Dedup::Rank;
+  fusco::MoeSendPlan send;
+  fusco::MoeRecvPlan recv;
+  size_t numTokens = 0;
+  int topk = 0;
+  std::vector<int64_t> topkIdx;                     // [numTokens * topk] host copy
+  std::vector<std::vector<int64_t>> weightIdx;      // [nranks] t*topk+k per fan-out entry sent
+  std::vector<std::vector<float>> recvWeights;      // [nranks] weights per fan-out entry received
+  std::vector<std::vector<char>> partials;          // [nranks] combine: partial rows to send back
+  std::vector<std::vector<char>> landing;           // [nranks] combine: rows received back
+  fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
+};

@@ -1,0 +1,149 @@
+#include "core/log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "core/params.h"
+
+namespace fusco {
+
+namespace {
+
+struct LogState {
+  std::mutex mu;
+  std::atomic<int> level{static_cast<int>(LogLevel::Warn)};
+  std::atomic<uint32_t> mask{kAll};
+  FILE* out = stderr;
+  std::string outPath;
+  char host[64] = "";
+  std::atomic<int> rank{-1};
+  std::once_flag once;
+};
+
+LogState& state() {
+  static LogState* s = new LogState();  // never destroyed: usable from atexit handlers
+  return *s;
+}
+
+struct SubsysName {
+  const char* name;
+  uint32_t bit;
+};
+const SubsysName kSubsysNames[] = {{"INIT", kInit}, {"BOOT", kBoot}, {"PLAN", kPlan},
+                                   {"ENGINE", kEngine}, {"SHM", kShm}, {"IPC", kIpc},
+                                   {"UCX", kUcx}, {"API", kApi}, {"NET", kNet}, {"ALL", kAll}};
+
+const char* subsysName(Subsys s) {
+  for (const auto& n : kSubsysNames)
+    if (n.bit == s) return n.name;
+  return "?";
+}
+
+uint32_t parseMask(const std::string& spec) {
+  if (spec.empty()) return kAll;
+  bool negate = spec[0] == '^';
+  uint32_t mask = 0;
+  size_t pos = negate ? 1 : 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    std::string tok = spec.substr(pos, comma - pos);
+    for (const auto& n : kSubsysNames)
+      if (strcasecmp(tok.c_str(), n.name) == 0) mask |= n.bit;
+    pos = comma + 1;
+  }
+  return negate ? ~mask : mask;
+}
+
+LogLevel parseLevel(const std::string& v) {
+  if (strcasecmp(v.c_str(), "TRACE") == 0) return LogLevel::Trace;
+  if (strcasecmp(v.c_str(), "INFO") == 0) return LogLevel::Info;
+  if (strcasecmp(v.c_str(), "NONE") == 0 || strcasecmp(v.c_str(), "OFF") == 0)
+    return LogLevel::None;
+  return LogLevel::Warn;
+}
+
+std::string expandPath(const std::string& pattern, const char* host) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size()) {
+      char c = pattern[++i];
+      if (c == 'h') out += host;
+      else if (c == 'p') out += std::to_string(getpid());
+      else if (c == '%') out += '%';
+      else { out += '%'; out += c; }
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+void configureLocked(LogState& s) {
+  gethostname(s.host, sizeof(s.host) - 1);
+  s.level = static_cast<int>(parseLevel(paramString("FUSCO_DEBUG")));
+  s.mask = parseMask(paramString("FUSCO_DEBUG_SUBSYS"));
+  std::string file = paramString("FUSCO_DEBUG_FILE");
+  if (file.empty()) {
+    if (s.out != stderr && s.out != nullptr) fclose(s.out);
+    s.out = stderr;
+    s.outPath.clear();
+    return;
+  }
+  std::string path = expandPath(file, s.host);
+  if (path == s.outPath) return;
+  FILE* f = fopen(path.c_str(), "a");
+  if (f == nullptr) return;  // keep logging to the previous destination
+  setvbuf(f, nullptr, _IOLBF, 0);
+  if (s.out != stderr && s.out != nullptr) fclose(s.out);
+  s.out = f;
+  s.outPath = path;
+}
+
+}  // namespace
+
+void logConfigure() {
+  LogState& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  configureLocked(s);
+}
+
+bool logEnabled(LogLevel level, Subsys sub) {
+  LogState& s = state();
+  std::call_once(s.once, [&] {
+    std::lock_guard<std::mutex> g(s.mu);
+    configureLocked(s);
+  });
+  return static_cast<int>(level) <= s.level.load(std::memory_order_relaxed) &&
+         (s.mask.load(std::memory_order_relaxed) & sub) != 0;
+}
+
+void logSetRank(int rank) { state().rank = rank; }
+
+void logMessage(LogLevel level, Subsys sub, const char* file, int line, const char* fmt, ...) {
+  if (!logEnabled(level, sub)) return;
+  LogState& s = state();
+  char msg[1200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  const char* lv = level == LogLevel::Warn ? "WARN" : level == LogLevel::Info ? "INFO" : "TRACE";
+  const char* base = strrchr(file, '/');
+  base = base ? base + 1 : file;
+  char rankStr[24] = "";
+  if (s.rank >= 0) snprintf(rankStr, sizeof(rankStr), " [%d]", s.rank.load());
+  std::lock_guard<std::mutex> g(s.mu);
+  fprintf(s.out, "%s:%d:%ld%s FUSCO %s %s %s:%d %s\n", s.host, getpid(),
+          static_cast<long>(syscall(SYS_gettid)), rankStr, lv, subsysName(sub), base, line, msg);
+  fflush(s.out);
+}
+
+}  // namespace fusco

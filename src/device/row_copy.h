@@ -1,0 +1,62 @@
+// Row streams and their host copy routines (the host twins of the gather/scatter kernels).
+//
+// A RowStream is a sequence of rows seen as one stream of bytes: row i of the stream lives at
+// base + rows[i] * rowBytes (rows == nullptr: base + i * rowBytes, i.e. contiguous memory). The
+// engine moves byte ranges of streams, so a slice may start or end inside a row.
+//
+// A stream may also fan out (receive side of MoE dispatch): row i is then written to every row
+// fanRows[fanStart[i] .. fanStart[i+1]) of base, and read from the first of them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fusco {
+
+struct RowStream {
+  char* base = nullptr;
+  size_t rowBytes = 0;
+  const int64_t* rows = nullptr;
+  size_t nrows = 0;
+  const uint32_t* fanStart = nullptr;  // [nrows + 1] when the stream fans out
+  const int64_t* fanRows = nullptr;
+
+  size_t bytes() const { return nrows * rowBytes; }
+  bool contiguous() const { return rows == nullptr && fanStart == nullptr; }
+  static RowStream flat(const void* p, size_t bytes) {
+    RowStream s;
+    s.base = static_cast<char*>(const_cast<void*>(p));
+    s.rowBytes = bytes;
+    s.nrows = bytes ? 1 : 0;
+    return s;
+  }
+  static RowStream indexed(const void* p, size_t rowBytes, const int64_t* rows, size_t nrows) {
+    RowStream s;
+    s.base = static_cast<char*>(const_cast<void*>(p));
+    s.rowBytes = rowBytes;
+    s.rows = rows;
+    s.nrows = nrows;
+    return s;
+  }
+  static RowStream fanOut(void* p, size_t rowBytes, const uint32_t* fanStart,
+                          const int64_t* fanRows, size_t nrows) {
+    RowStream s;
+    s.base = static_cast<char*>(p);
+    s.rowBytes = rowBytes;
+    s.fanStart = fanStart;
+    s.fanRows = fanRows;
+    s.nrows = nrows;
+    return s;
+  }
+};
+
+// Copies bytes [off, off + len) of the stream into dst (gather).
+void gatherBytes(const RowStream& s, size_t off, size_t len, void* dst);
+// Copies len bytes from src into bytes [off, off + len) of the stream (scatter, with fan-out).
+void scatterBytes(const RowStream& s, size_t off, size_t len, const void* src);
+// Copies bytes [srcOff, srcOff + len) of src into bytes [dstOff, dstOff + len) of dst: one pass,
+// row pieces straight from source rows to destination rows.
+void streamCopy(const RowStream& src, size_t srcOff, const RowStream& dst, size_t dstOff,
+                size_t len);
+
+}  // namespace fusco

@@ -1,0 +1,224 @@
+#include "engine/communicator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.h"
+#include "core/params.h"
+#include "core/result.h"
+#include "engine/peer_info.h"
+
+namespace fusco {
+
+namespace {
+
+constexpr size_t kDefaultChunkBytes = 512 << 10;
+constexpr size_t kMinChunkBytes = 4 << 10;
+constexpr size_t kMaxChunkBytes = 256 << 20;
+constexpr int kDefaultDepth = 4;
+constexpr int kMaxDepth = 64;
+
+// Length-prefixed concatenation, so one all-gather carries every transport's blob.
+void appendBlob(std::string* out, const std::string& blob) {
+  uint64_t n = blob.size();
+  out->append(reinterpret_cast<const char*>(&n), sizeof(n));
+  *out += blob;
+}
+
+bool splitBlobs(const std::string& in, size_t count, std::vector<std::string>* parts) {
+  size_t pos = 0;
+  parts->clear();
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t n;
+    if (in.size() - pos < sizeof(n)) return false;
+    memcpy(&n, in.data() + pos, sizeof(n));
+    pos += sizeof(n);
+    if (in.size() - pos < n) return false;
+    parts->push_back(in.substr(pos, n));
+    pos += n;
+  }
+  return pos == in.size();
+}
+
+}  // namespace
+
+fuscoResult_t Communicator::resolveOptions(const CommOptions& o) {
+  ctx_.memType = o.memType;
+  ctx_.timeoutMs = o.timeoutMs > 0 ? o.timeoutMs : paramInt("FUSCO_TIMEOUT_MS");
+  if (ctx_.timeoutMs <= 0) ctx_.timeoutMs = 300000;
+  int64_t chunk = o.chunkBytes ? static_cast<int64_t>(o.chunkBytes) : paramInt("FUSCO_CHUNK_BYTES");
+  if (chunk == 0) chunk = kDefaultChunkBytes;
+  if (chunk < static_cast<int64_t>(kMinChunkBytes) || chunk > static_cast<int64_t>(kMaxChunkBytes))
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit,
+                      "chunk size %lld bytes is outside the supported range [%zu, %zu]",
+                      static_cast<long long>(chunk), kMinChunkBytes, kMaxChunkBytes);
+  ctx_.chunkBytes = static_cast<size_t>(chunk);
+  int64_t depth = o.depth ? o.depth : paramInt("FUSCO_PIPELINE_DEPTH");
+  if (depth == 0) depth = kDefaultDepth;
+  if (depth < 1 || depth > kMaxDepth)
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit,
+                      "pipeline depth %lld is outside the supported range [1, %d]",
+                      static_cast<long long>(depth), kMaxDepth);
+  ctx_.depth = static_cast<int>(depth);
+  if (o.localSize < 0)
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit, "localSize %d must be >= 0", o.localSize);
+  return fuscoSuccess;
+}
+
+fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank,
+                                   const CommOptions& opts, std::unique_ptr<Communicator>* out) {
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->rank_ = rank;
+  c->nranks_ = nranks;
+  FUSCO_CHECK(c->resolveOptions(opts));
+
+  std::vector<std::string> blobs;
+  FUSCO_CHECK(Bootstrap::init(id, nranks, rank, c->ctx_.timeoutMs, encodePeerInfo(localPeerInfo()),
+                              &c->bootstrap_, &blobs));
+  c->peers_.resize(nranks);
+  std::vector<std::string> hostIds(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    if (!decodePeerInfo(blobs[r], &c->peers_[r]))
+      return FUSCO_FAIL(fuscoInternalError, kInit, "malformed peer record from rank %d", r);
+    hostIds[r] = c->peers_[r].hostId;
+  }
+  int localSize = opts.localSize > 0 ? opts.localSize : static_cast<int>(paramInt("FUSCO_LOCAL_SIZE"));
+  if (localSize < 0) localSize = 0;
+  c->nodes_ = buildNodeMap(hostIds, localSize);
+  c->ctx_.rank = rank;
+  c->ctx_.nranks = nranks;
+  c->ctx_.nodes = &c->nodes_;
+  c->ctx_.peers = &c->peers_;
+  c->ctx_.commTag = c->bootstrap_->commTag();
+  c->pairSeq_.assign(nranks, 0);
+  FUSCO_CHECK(c->connectTransports());
+  FUSCO_INFO(kInit, "comm rank %d/%d node %d/%d local rank %d/%d: chunk %zu B, depth %d, timeout %lld ms",
+             rank, nranks, c->nodes_.nodeOf[rank], c->nodes_.numNodes, c->nodes_.localRankOf[rank],
+             c->nodes_.localSize(c->nodes_.nodeOf[rank]), c->ctx_.chunkBytes, c->ctx_.depth,
+             static_cast<long long>(c->ctx_.timeoutMs));
+  *out = std::move(c);
+  return fuscoSuccess;
+}
+
+// Picks a transport per peer, sets each used transport up, exchanges their blobs, connects, and
+// agrees on the outcome: every rank learns whether every other rank connected.
+fuscoResult_t Communicator::connectTransports() {
+  const auto& list = transportList();
+  conns_.assign(nranks_, PeerConn{});
+  std::vector<std::vector<int>> peersOf(list.size());
+  std::string failure;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    int best = -1, bestScore = -1;
+    for (size_t t = 0; t < list.size(); ++t) {
+      int s = list[t]->score(ctx_, p);
+      if (s > bestScore) bestScore = s, best = static_cast<int>(t);
+    }
+    if (best < 0) {
+      failure = "no transport connects rank " + std::to_string(rank_) + " (node " +
+                std::to_string(nodes_.nodeOf[rank_]) + ") to rank " + std::to_string(p) +
+                " (node " + std::to_string(nodes_.nodeOf[p]) + ") for this memory type";
+      break;
+    }
+    peersOf[best].push_back(p);
+    conns_[p].ops = list[best];
+  }
+  std::string mine(1, failure.empty() ? '\1' : '\0');
+  std::vector<TransportComm*> tcs(list.size(), nullptr);
+  for (size_t t = 0; t < list.size() && failure.empty(); ++t) {
+    std::string blob;
+    if (!peersOf[t].empty()) {
+      if (list[t]->setup(ctx_, peersOf[t], &tcs[t], &blob) != fuscoSuccess) {
+        failure = std::string(list[t]->name) + " setup failed: " + threadLastError();
+        mine[0] = '\0';
+        break;
+      }
+      transports_.push_back({list[t], tcs[t]});
+      FUSCO_INFO(kInit, "transport %s connects %zu peers", list[t]->name, peersOf[t].size());
+    }
+    appendBlob(&mine, blob);
+  }
+  if (!failure.empty()) mine = std::string(1, '\0') + failure;
+  std::vector<std::string> all;
+  FUSCO_CHECK(bootstrap_->allGather(mine, &all));
+  for (int r = 0; r < nranks_; ++r) {
+    if (all[r].empty() || all[r][0] != '\1') {
+      std::string why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
+      if (r == rank_) return FUSCO_FAIL(fuscoInvalidUsage, kInit, "%s", why.c_str());
+      return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r,
+                        why.c_str());
+    }
+  }
+  for (size_t t = 0; t < list.size(); ++t) {
+    if (tcs[t] == nullptr) continue;
+    std::vector<std::string> blobs(nranks_);
+    for (int r = 0; r < nranks_; ++r) {
+      std::vector<std::string> parts;
+      if (!splitBlobs(all[r].substr(1), list.size(), &parts))
+        return FUSCO_FAIL(fuscoInternalError, kInit, "malformed transport record from rank %d", r);
+      blobs[r] = parts[t];
+    }
+    for (int p : peersOf[t]) conns_[p].tc = tcs[t];
+    if (list[t]->connect(tcs[t], blobs) != fuscoSuccess) {
+      failure = std::string(list[t]->name) + " connect failed: " + threadLastError();
+      break;
+    }
+  }
+  // Second agreement: nobody starts an operation unless everybody connected.
+  std::string status = failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure;
+  FUSCO_CHECK(bootstrap_->allGather(status, &all));
+  for (int r = 0; r < nranks_; ++r) {
+    if (all[r].empty() || all[r][0] != '\1') {
+      std::string why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
+      return FUSCO_FAIL(r == rank_ ? fuscoSystemError : fuscoRemoteError, kInit,
+                        "rank %d could not connect: %s", r, why.c_str());
+    }
+  }
+  for (int p = 0; p < nranks_; ++p)
+    if (conns_[p].ops) FUSCO_INFO(kInit, "peer %d via %s", p, conns_[p].ops->name);
+  return fuscoSuccess;
+}
+
+Communicator::~Communicator() {
+  for (auto& t : transports_) t.first->close(t.second);
+  for (auto& kv : plainAllocs_) free(kv.first);
+  for (auto& kv : registrations) delete static_cast<char*>(kv.first);
+}
+
+fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
+  for (auto& t : transports_)
+    if (t.first->memAlloc) return t.first->memAlloc(t.second, bytes, ptr);
+  // No peer can map memory of this rank (a single rank, or only remote peers): plain memory.
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0)
+    return FUSCO_FAIL(fuscoSystemError, kApi, "out of memory allocating %zu bytes", bytes);
+  plainAllocs_[p] = bytes;
+  *ptr = p;
+  return fuscoSuccess;
+}
+
+fuscoResult_t Communicator::memFree(void* ptr) {
+  auto it = plainAllocs_.find(ptr);
+  if (it != plainAllocs_.end()) {
+    free(ptr);
+    plainAllocs_.erase(it);
+    return fuscoSuccess;
+  }
+  for (auto& t : transports_)
+    if (t.first->memFree) return t.first->memFree(t.second, ptr);
+  return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemFree: %p was not allocated by fuscoMemAlloc on this comm", ptr);
+}
+
+bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const {
+  const PeerConn& c = conns_[peer];
+  if (c.ops == nullptr || c.ops->regionToken == nullptr) return false;
+  return c.ops->regionToken(c.tc, ptr, bytes, token);
+}
+
+void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
+  fuscoResult_t expected = fuscoSuccess;
+  if (broken_.compare_exchange_strong(expected, r)) brokenMsg_ = msg;
+  for (auto& t : transports_) t.first->markAborted(t.second, brokenMsg_.c_str());
+}
+
+}  // namespace fusco

@@ -1,0 +1,96 @@
+// A communicator: bootstrap, node map, one transport connection per peer, and the state every
+// operation shares (timeouts, slice size, error state). Built by create(), which runs the whole
+// init sequence; the engine (engine.h) runs operations on it.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/topology.h"
+#include "fusco.h"
+#include "transport/transport.h"
+
+namespace fusco {
+
+struct CommOptions {
+  fuscoMemType_t memType = fuscoMemHost;
+  int cudaDevice = -1;
+  int64_t timeoutMs = 0;   // 0: FUSCO_TIMEOUT_MS
+  int localSize = 0;       // 0: FUSCO_LOCAL_SIZE, else by host
+  std::string netDevices;  // "" : FUSCO_NET_DEVICES
+  size_t chunkBytes = 0;   // 0: FUSCO_CHUNK_BYTES or auto
+  int depth = 0;           // 0: FUSCO_PIPELINE_DEPTH or auto
+};
+
+// One peer's connection: the transport that carries it.
+struct PeerConn {
+  const TransportOps* ops = nullptr;  // nullptr for self
+  TransportComm* tc = nullptr;
+};
+
+class Communicator {
+ public:
+  static fuscoResult_t create(const fuscoUniqueId& id, int nranks, int rank,
+                              const CommOptions& opts, std::unique_ptr<Communicator>* out);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const NodeMap& nodes() const { return nodes_; }
+  fuscoMemType_t memType() const { return ctx_.memType; }
+  int64_t timeoutMs() const { return ctx_.timeoutMs; }
+  size_t chunkBytes() const { return ctx_.chunkBytes; }
+  int depth() const { return ctx_.depth; }
+  const PeerConn& conn(int peer) const { return conns_[peer]; }
+  Bootstrap& bootstrap() { return *bootstrap_; }
+
+  // Memory peers can write directly (the first transport that offers an allocator).
+  fuscoResult_t memAlloc(size_t bytes, void** ptr);
+  fuscoResult_t memFree(void* ptr);
+  // Token naming [ptr, ptr+bytes) to peers of `peer`'s transport, if it is peer-reachable.
+  bool regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const;
+
+  // Error state. A failure in the middle of moving data breaks the communicator (rings may hold
+  // half an operation); every later call fails fast with the original message.
+  fuscoResult_t brokenResult() const { return broken_.load(); }
+  const std::string& brokenMessage() const { return brokenMsg_; }
+  void markBroken(fuscoResult_t r, const std::string& msg);
+  // fuscoCommAbort from any thread: blocked waits notice it and return.
+  void requestAbort() { abortRequested_ = true; }
+  bool abortRequested() const { return abortRequested_.load(std::memory_order_relaxed); }
+
+  // Per-peer operation counter: both sides of a pair count the operations they share.
+  uint64_t nextPairSeq(int peer) { return ++pairSeq_[peer]; }
+
+  std::string lastError;  // message of the last failed call on this comm (set by the API layer)
+  std::map<void*, std::pair<void*, size_t>> registrations;  // handle -> range
+  std::atomic<int> activeCalls{0};
+
+ private:
+  Communicator() = default;
+  fuscoResult_t resolveOptions(const CommOptions& opts);
+  fuscoResult_t connectTransports();
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  NodeMap nodes_;
+  std::vector<PeerInfo> peers_;
+  TransportContext ctx_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<PeerConn> conns_;
+  std::vector<std::pair<const TransportOps*, TransportComm*>> transports_;
+  std::vector<uint64_t> pairSeq_;
+  std::atomic<fuscoResult_t> broken_{fuscoSuccess};
+  std::string brokenMsg_;
+  std::atomic<bool> abortRequested_{false};
+  std::map<void*, size_t> plainAllocs_;
+};
+
+}  // namespace fusco

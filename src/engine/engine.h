@@ -1,0 +1,47 @@
+// The engine: runs one operation (a set of messages to and from peers) on a communicator.
+//
+// Every operation starts with a header round: each rank tells each involved peer what it will
+// send and expects to receive, and whether its own arguments were valid, so mismatches are found
+// by both sides of a pair before any byte moves. Collective operations add a verdict round so
+// that every rank learns whether the call failed anywhere; then either everybody moves data or
+// nobody does, and the communicator stays usable. Data moves in slices through each peer's
+// transport channel (gathered straight from the source rows into the slot, scattered straight
+// from the slot into the final rows), or, when the receiver's buffer is memory its peer can map,
+// straight from source rows into the final rows (one copy).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "device/row_copy.h"
+#include "engine/communicator.h"
+#include "fusco.h"
+
+namespace fusco {
+
+enum class OpKind : uint32_t { AllToAll = 1, AllToAllv = 2, Group = 3, Shuffle = 4, Moe = 5 };
+
+// What one rank sends to and receives from one peer, in order.
+struct PeerWork {
+  std::vector<RowStream> sends;
+  std::vector<RowStream> recvs;
+  bool empty() const { return sends.empty() && recvs.empty(); }
+};
+
+struct Op {
+  const char* name = "";
+  OpKind kind = OpKind::Group;
+  bool collective = false;            // every rank takes part (verdict round, all peers)
+  bool validateOnly = false;          // check counts pairwise and agree; move no data
+  fuscoResult_t argStatus = fuscoSuccess;  // this rank's own argument check
+  std::string argError;               // its message
+  std::vector<PeerWork> peers;        // [nranks]; peers[rank] are copies to self
+
+  explicit Op(int nranks) : peers(nranks) {}
+};
+
+// Runs op on comm. Returns fuscoSuccess only if the operation completed on this rank (and, for a
+// collective, validated on every rank). Failures after validation break the communicator.
+fuscoResult_t runOp(Communicator& comm, Op& op);
+
+}  // namespace fusco

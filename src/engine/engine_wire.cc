@@ -1,0 +1,99 @@
+#include "engine/engine_wire.h"
+
+#include <cstring>
+
+namespace fusco {
+
+namespace {
+
+constexpr uint32_t kHeaderMagic = 0x46534831;  // "FSH1"
+constexpr uint32_t kVerdictMagic = 0x46535631;
+
+struct Writer {
+  char* p;
+  size_t cap, len = 0;
+  bool ok = true;
+  void put(const void* v, size_t n) {
+    if (len + n > cap) { ok = false; return; }
+    memcpy(p + len, v, n);
+    len += n;
+  }
+  template <typename T> void pod(T v) { put(&v, sizeof(v)); }
+};
+
+struct Reader {
+  const char* p;
+  size_t len, pos = 0;
+  bool ok = true;
+  void get(void* v, size_t n) {
+    if (pos + n > len) { ok = false; return; }
+    memcpy(v, p + pos, n);
+    pos += n;
+  }
+  template <typename T> T pod() { T v{}; get(&v, sizeof(v)); return v; }
+};
+
+void putVec(Writer& w, const std::vector<uint64_t>& v) {
+  w.pod<uint32_t>(static_cast<uint32_t>(v.size()));
+  if (!v.empty()) w.put(v.data(), v.size() * sizeof(uint64_t));
+}
+
+bool getVec(Reader& r, std::vector<uint64_t>* v, size_t maxCount) {
+  uint32_t n = r.pod<uint32_t>();
+  if (!r.ok || n > maxCount) return false;
+  v->resize(n);
+  if (n) r.get(v->data(), n * sizeof(uint64_t));
+  return r.ok;
+}
+
+}  // namespace
+
+bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
+  Writer w{static_cast<char*>(buf), cap};
+  w.pod(kHeaderMagic);
+  w.pod(static_cast<uint32_t>(h.kind));
+  w.pod(h.seq);
+  w.pod(h.status);
+  putVec(w, h.sendBytes);
+  putVec(w, h.recvBytes);
+  putVec(w, h.recvTokens);
+  *len = w.len;
+  return w.ok;
+}
+
+bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
+  Reader r{static_cast<const char*>(buf), len};
+  if (r.pod<uint32_t>() != kHeaderMagic || !r.ok) return false;
+  h->kind = static_cast<OpKind>(r.pod<uint32_t>());
+  h->seq = r.pod<uint64_t>();
+  h->status = r.pod<int32_t>();
+  size_t maxCount = len / sizeof(uint64_t);
+  return getVec(r, &h->sendBytes, maxCount) && getVec(r, &h->recvBytes, maxCount) &&
+         getVec(r, &h->recvTokens, maxCount) && h->recvTokens.size() == h->recvBytes.size();
+}
+
+bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len) {
+  Writer w{static_cast<char*>(buf), cap};
+  w.pod(kVerdictMagic);
+  w.pod(v.status);
+  w.pod(v.culprit);
+  std::string m = v.message.substr(0, 512);
+  w.pod<uint32_t>(static_cast<uint32_t>(m.size()));
+  w.put(m.data(), m.size());
+  *len = w.len;
+  return w.ok;
+}
+
+bool decodeVerdict(const void* buf, size_t len, Verdict* v) {
+  Reader r{static_cast<const char*>(buf), len};
+  if (r.pod<uint32_t>() != kVerdictMagic || !r.ok) return false;
+  v->status = r.pod<int32_t>();
+  v->culprit = r.pod<int32_t>();
+  uint32_t n = r.pod<uint32_t>();
+  if (!r.ok || n > 512) return false;
+  v->message.resize(n);
+  if (n) r.get(&v->message[0], n);
+  return r.ok;
+}
+
+}  // namespace fusco

@@ -1,0 +1,38 @@
+// Control messages of the engine (header and verdict rounds) and the channel tags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace fusco {
+
+enum : uint32_t { kTagHeader = 0x48445231, kTagVerdict = 0x56524431, kTagData = 0x44415431,
+                  kTagDirectDone = 0x44444e31 };
+
+constexpr uint64_t kStagedToken = ~0ull;
+
+struct PairHeader {
+  OpKind kind = OpKind::Group;
+  uint64_t seq = 0;
+  int32_t status = 0;                 // sender's own argument status
+  std::vector<uint64_t> sendBytes;    // what the sender of the header sends to the receiver
+  std::vector<uint64_t> recvBytes;    // what it expects from the receiver
+  std::vector<uint64_t> recvTokens;   // per expected message: direct-write token or kStagedToken
+};
+
+struct Verdict {
+  int32_t status = 0;   // fuscoSuccess or the error this rank found
+  int32_t culprit = -1; // rank whose arguments or counts were wrong
+  std::string message;
+};
+
+// Encoded size must fit in one slot; encode fails (returns false) when it does not.
+bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len);
+bool decodeHeader(const void* buf, size_t len, PairHeader* h);
+bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len);
+bool decodeVerdict(const void* buf, size_t len, Verdict* v);
+
+}  // namespace fusco

@@ -1,0 +1,355 @@
+// The MoE planner (moe_plan.h). Every function is pure and linear in numTokens * topk + nranks +
+// numExperts: one counting pass sizes every vector exactly, one filling pass writes it, and no
+// allocation happens per token.
+#include "plan/moe_plan.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "core/result.h"
+
+namespace fusco {
+
+namespace {
+
+// kSlots is uint8_t: a token's slot index must fit.
+constexpr int kMaxTopk = 255;
+
+const char* dedupName(Dedup d) {
+  switch (d) {
+    case Dedup::None:
+      return "NONE";
+    case Dedup::Rank:
+      return "RANK";
+    case Dedup::Node:
+      return "NODE";
+  }
+  return "?";
+}
+
+// Returns the valid expert id of a slot or -1 (validateTopk has rejected anything else; the
+// planner still never indexes out of range on bad input).
+inline int expertAt(const MoeShape& shape, const int64_t* row, int k) {
+  const int64_t e = row[k];
+  return (e >= 0 && e < shape.numExperts) ? static_cast<int>(e) : -1;
+}
+
+// Rows and slot totals per destination, for exact reservations.
+struct SendCounts {
+  std::vector<size_t> rows, slots;
+};
+
+SendCounts countSend(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, int topk,
+                     bool perRank) {
+  SendCounts c;
+  c.rows.assign(shape.nranks, 0);
+  c.slots.assign(shape.nranks, 0);
+  std::vector<int64_t> lastTok(shape.nranks, -1);
+  for (size_t t = 0; t < numTokens; ++t) {
+    const int64_t* row = topkIdx + t * topk;
+    for (int k = 0; k < topk; ++k) {
+      const int e = expertAt(shape, row, k);
+      if (e < 0) continue;
+      const int r = shape.expertToRank[e];
+      ++c.slots[r];
+      if (!perRank || lastTok[r] != static_cast<int64_t>(t)) {
+        lastTok[r] = static_cast<int64_t>(t);
+        ++c.rows[r];
+      }
+    }
+  }
+  return c;
+}
+
+// Parses rank s's metadata once: validates it and counts rows per local expert.
+fuscoResult_t scanMeta(int rank, int s, const std::vector<int32_t>& meta, int numLocal,
+                       std::vector<int64_t>* perExpert, std::vector<uint64_t>* seen,
+                       uint64_t* stampNext, size_t* rowsOut, size_t* slotsOut) {
+  size_t rows = 0, slots = 0;
+  size_t i = 0;
+  while (i < meta.size()) {
+    const int32_t m = meta[i];
+    if (m <= 0 || m > numLocal) {
+      return FUSCO_FAIL(fuscoRemoteError, kPlan,
+                        "rank %d: malformed MoE metadata from rank %d: row %zu has count %d "
+                        "(supported range [1, %d], the local experts of rank %d)",
+                        rank, s, rows, m, numLocal, rank);
+    }
+    if (static_cast<size_t>(m) > meta.size() - i - 1) {
+      return FUSCO_FAIL(fuscoRemoteError, kPlan,
+                        "rank %d: malformed MoE metadata from rank %d: row %zu is truncated "
+                        "(count %d, %zu entries left)",
+                        rank, s, rows, m, meta.size() - i - 1);
+    }
+    // Unique per row over all sources, so `seen` never needs clearing.
+    const uint64_t stamp = ++*stampNext;
+    for (int j = 1; j <= m; ++j) {
+      const int32_t e = meta[i + j];
+      if (e < 0 || e >= numLocal) {
+        return FUSCO_FAIL(fuscoRemoteError, kPlan,
+                          "rank %d: malformed MoE metadata from rank %d: row %zu local expert %d "
+                          "outside [0, %d)",
+                          rank, s, rows, e, numLocal);
+      }
+      if ((*seen)[e] == stamp) {
+        return FUSCO_FAIL(fuscoRemoteError, kPlan,
+                          "rank %d: malformed MoE metadata from rank %d: row %zu names local "
+                          "expert %d twice",
+                          rank, s, rows, e);
+      }
+      (*seen)[e] = stamp;
+      ++(*perExpert)[e];
+    }
+    slots += static_cast<size_t>(m);
+    ++rows;
+    i += static_cast<size_t>(m) + 1;
+  }
+  *rowsOut = rows;
+  *slotsOut = slots;
+  return fuscoSuccess;
+}
+
+}  // namespace
+
+fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, int expertAlignment,
+                            MoeShape* out) {
+  if (out == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE shape: null output");
+  if (nranks <= 0) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE shape: nranks %d outside [1, inf)", nranks);
+  }
+  if (numExperts <= 0) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE config: numExperts %d, must be at least 1",
+                      numExperts);
+  }
+  if (expertAlignment < 0) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                      "MoE config: expertAlignment %d, must be 0 or more (0 or 1: no padding)",
+                      expertAlignment);
+  }
+  if (placement == nullptr && numExperts % nranks != 0) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                      "MoE config: numExperts %d is not a multiple of nranks %d; give an explicit "
+                      "expertToRank placement",
+                      numExperts, nranks);
+  }
+  MoeShape s;
+  s.nranks = nranks;
+  s.numExperts = numExperts;
+  s.expertAlignment = expertAlignment > 1 ? expertAlignment : 1;
+  s.expertToRank.resize(numExperts);
+  const int perRank = numExperts / nranks;
+  for (int e = 0; e < numExperts; ++e) {
+    const int r = placement ? placement[e] : e / perRank;
+    if (r < 0 || r >= nranks) {
+      return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                        "MoE config: expertToRank[%d] = %d outside [0, %d)", e, r, nranks);
+    }
+    s.expertToRank[e] = r;
+  }
+  std::vector<int> perRankCount(nranks, 0);
+  for (int e = 0; e < numExperts; ++e) ++perRankCount[s.expertToRank[e]];
+  s.localExperts.resize(nranks);
+  for (int r = 0; r < nranks; ++r) s.localExperts[r].reserve(perRankCount[r]);
+  s.localIndexOf.resize(numExperts);
+  for (int e = 0; e < numExperts; ++e) {
+    std::vector<int>& mine = s.localExperts[s.expertToRank[e]];
+    s.localIndexOf[e] = static_cast<int>(mine.size());
+    mine.push_back(e);
+  }
+  *out = std::move(s);
+  return fuscoSuccess;
+}
+
+fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
+                           int topk) {
+  if (topk < 1 || topk > kMaxTopk) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE routing: topk %d outside [1, %d]", topk,
+                      kMaxTopk);
+  }
+  if (numTokens > 0 && topkIdx == nullptr) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE routing: topkIdx is null for %zu tokens",
+                      numTokens);
+  }
+  // stampOf[e] = token + 1 that last selected e, slotOf[e] its slot: duplicates in O(1) per slot.
+  std::vector<size_t> stampOf(shape.numExperts, 0);
+  std::vector<int> slotOf(shape.numExperts, -1);
+  for (size_t t = 0; t < numTokens; ++t) {
+    const int64_t* row = topkIdx + t * topk;
+    for (int k = 0; k < topk; ++k) {
+      const int64_t e = row[k];
+      if (e == -1) continue;
+      if (e < -1 || e >= shape.numExperts) {
+        return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                          "MoE routing: token %zu slot %d: expert id %" PRId64 " outside [-1, %d)",
+                          t, k, e, shape.numExperts);
+      }
+      if (stampOf[e] == t + 1) {
+        return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                          "MoE routing: token %zu slot %d: expert %" PRId64
+                          " already selected in slot %d",
+                          t, k, e, slotOf[e]);
+      }
+      stampOf[e] = t + 1;
+      slotOf[e] = k;
+    }
+  }
+  return fuscoSuccess;
+}
+
+void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
+                  int topk, Dedup dedup, MoeSendPlan* out) {
+  (void)rank;  // the plan to self is built like any other (the engine copies it locally)
+  MoeSendPlan& p = *out;
+  p.numTokens = numTokens;
+  p.topk = topk;
+  const int n = shape.nranks;
+  p.rows.resize(n);
+  p.meta.resize(n);
+  p.kStart.resize(n);
+  p.kSlots.resize(n);
+  if (topk <= 0) numTokens = 0;
+  // NODE dedup is a transport-level refinement: per destination rank the rows are RANK's.
+  const bool perRank = dedup != Dedup::None;
+  const SendCounts c = countSend(shape, topkIdx, numTokens, topk, perRank);
+  // Exact sizes, then raw write cursors per destination: no capacity checks per slot, and a
+  // reused plan keeps its capacity (no allocation, no fresh pages, layer after layer).
+  struct Cursor {
+    int64_t* row;
+    int32_t* meta;
+    int32_t* count;  // the count of the row being built for the current token
+    uint32_t* kStart;
+    uint8_t* kSlot;
+    uint32_t kPos;
+    int64_t lastTok;
+  };
+  std::vector<Cursor> cur(n);
+  for (int r = 0; r < n; ++r) {
+    p.rows[r].resize(c.rows[r]);
+    p.meta[r].resize(c.rows[r] + c.slots[r]);
+    p.kStart[r].resize(c.rows[r] + 1);
+    p.kSlots[r].resize(c.slots[r]);
+    cur[r] = Cursor{
+        p.rows[r].data(), p.meta[r].data(), nullptr, p.kStart[r].data(), p.kSlots[r].data(), 0, -1};
+  }
+  for (size_t t = 0; t < numTokens; ++t) {
+    const int64_t* row = topkIdx + t * topk;
+    for (int k = 0; k < topk; ++k) {
+      const int e = expertAt(shape, row, k);
+      if (e < 0) continue;
+      Cursor& q = cur[shape.expertToRank[e]];
+      if (!perRank || q.lastTok != static_cast<int64_t>(t)) {
+        q.lastTok = static_cast<int64_t>(t);
+        *q.row++ = static_cast<int64_t>(t);
+        *q.kStart++ = q.kPos;
+        q.count = q.meta++;
+        *q.count = 0;
+      }
+      ++*q.count;
+      *q.meta++ = shape.localIndexOf[e];
+      *q.kSlot++ = static_cast<uint8_t>(k);
+      ++q.kPos;
+    }
+  }
+  for (int r = 0; r < n; ++r) *cur[r].kStart = cur[r].kPos;
+}
+
+MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
+                     int topk, Dedup dedup) {
+  MoeSendPlan p;
+  planSendInto(shape, rank, topkIdx, numTokens, topk, dedup, &p);
+  return p;
+}
+
+fuscoResult_t planRecv(const MoeShape& shape, int rank,
+                       const std::vector<std::vector<int32_t>>& metaFrom, MoeRecvPlan* out) {
+  const int n = shape.nranks;
+  if (out == nullptr || rank < 0 || rank >= n) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE receive plan: rank %d outside [0, %d)",
+                      rank, n);
+  }
+  if (static_cast<int>(metaFrom.size()) != n) {
+    return FUSCO_FAIL(fuscoInternalError, kPlan,
+                      "MoE receive plan: metadata from %zu ranks, expected %d", metaFrom.size(), n);
+  }
+  // Validate and count everything before touching *out (no output on failure).
+  const int numLocal = static_cast<int>(shape.localExperts[rank].size());
+  std::vector<int64_t> perExpert(numLocal, 0);
+  std::vector<uint64_t> seen(numLocal, 0);
+  uint64_t stampNext = 0;
+  std::vector<size_t> rowsFrom(n, 0), slotsFrom(n, 0);
+  for (int s = 0; s < n; ++s) {
+    FUSCO_CHECK(scanMeta(rank, s, metaFrom[s], numLocal, &perExpert, &seen, &stampNext,
+                         &rowsFrom[s], &slotsFrom[s]));
+  }
+  // Fill *out in place so a reused plan keeps its capacity.
+  MoeRecvPlan& p = *out;
+  p.tokensPerLocalExpert.swap(perExpert);
+  // Blocks: expert-major, each padded up to the alignment (an empty block stays empty).
+  const int64_t align = shape.expertAlignment > 1 ? shape.expertAlignment : 1;
+  p.blockStart.resize(numLocal);
+  p.paddingRows.clear();
+  int64_t next = 0;
+  for (int e = 0; e < numLocal; ++e) {
+    const int64_t rows = p.tokensPerLocalExpert[e];
+    p.blockStart[e] = next;
+    const int64_t padded = (rows + align - 1) / align * align;
+    for (int64_t r = next + rows; r < next + padded; ++r) p.paddingRows.push_back(r);
+    next += padded;
+  }
+  p.numRecvRows = static_cast<size_t>(next);
+  // Sources in ascending order, rows in arrival order: a running cursor per block yields
+  // blockStart[e] + sum_{s' < s} count[s'][e] + (earlier rows from s feeding e).
+  std::vector<int64_t>& cursor = perExpert;  // reuse the swapped-out buffer
+  cursor.assign(p.blockStart.begin(), p.blockStart.end());
+  p.fanStart.resize(n);
+  p.fanRows.resize(n);
+  for (int s = 0; s < n; ++s) {
+    const std::vector<int32_t>& meta = metaFrom[s];
+    p.fanStart[s].resize(rowsFrom[s] + 1);
+    p.fanRows[s].resize(slotsFrom[s]);
+    uint32_t* fs = p.fanStart[s].data();
+    int64_t* fr = p.fanRows[s].data();
+    uint32_t pos = 0;
+    *fs++ = 0;
+    for (size_t i = 0; i < meta.size();) {
+      const int32_t m = meta[i];
+      for (int32_t j = 1; j <= m; ++j) fr[pos++] = cursor[meta[i + j]]++;
+      *fs++ = pos;
+      i += static_cast<size_t>(m) + 1;
+    }
+  }
+  return fuscoSuccess;
+}
+
+std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
+                         const MoeSendPlan& send, const MoeRecvPlan& recv, size_t rowBytes,
+                         Dedup dedup) {
+  const int n = static_cast<int>(send.rows.size());
+  const bool haveNodes = static_cast<int>(nodes.nodeOf.size()) == n && rank >= 0 && rank < n;
+  size_t intraRows = 0, interRows = 0, noneRows = 0, sentRows = 0;
+  std::string peers = "[";
+  for (int r = 0; r < n; ++r) {
+    const size_t rows = send.rows[r].size();
+    peers += (r ? "," : "") + std::to_string(rows);
+    if (r == rank) continue;  // kept locally: no path
+    sentRows += rows;
+    noneRows += r < static_cast<int>(send.kSlots.size()) ? send.kSlots[r].size() : rows;
+    if (!haveNodes || nodes.nodeOf[r] == nodes.nodeOf[rank]) {
+      intraRows += rows;
+    } else {
+      interRows += rows;
+    }
+  }
+  peers += "]";
+  char buf[512];
+  snprintf(buf, sizeof(buf),
+           "plan rank %d: dedup %s, rows to peers %s, intra-node %zu rows/%zu B, inter-node %zu "
+           "rows/%zu B, recv %zu rows (%zu padding) in %zu local experts, saved %zu rows vs NONE",
+           rank, dedupName(dedup), peers.c_str(), intraRows, intraRows * rowBytes, interRows,
+           interRows * rowBytes, recv.numRecvRows, recv.paddingRows.size(),
+           rank >= 0 && rank < shape.nranks ? shape.localExperts[rank].size() : size_t{0},
+           noneRows - sentRows);
+  return buf;
+}
+
+}  // namespace fusco

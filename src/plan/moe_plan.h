@@ -1,0 +1,92 @@
+// The MoE planner: pure host code that turns router output (topkIdx) into the rows each rank
+// sends and where each received row lands, deterministically (API.md, "Dispatch output layout").
+//
+// Protocol (run by the API layer over the engine):
+//   1. Each rank validates its routing and computes its send plan locally (planSend): per
+//      destination rank, the token rows it sends (deduplicated per rank in RANK mode) and, per
+//      row, the destination's local expert indices that row feeds, in k order (the wire metadata).
+//   2. The metadata travels to each destination (an all-to-all of sizes, then of metadata).
+//   3. Each rank computes its receive plan (planRecv) from every source's metadata alone: block
+//      sizes, padding and, per received row, the final rows it is replicated into (k order).
+// Combine mirrors it: the rows a rank received from s are reduced (weighted, k order) into one
+// partial per row and sent back in the same order; the source sums partials over ranks of a node
+// (rank ascending) and then over nodes (node ascending).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/topology.h"
+#include "fusco.h"
+
+namespace fusco {
+
+enum class Dedup : int { None = FUSCO_DEDUP_NONE, Rank = FUSCO_DEDUP_RANK, Node = FUSCO_DEDUP_NODE };
+
+// The communicator's shape and the expert placement (same on every rank).
+struct MoeShape {
+  int nranks = 0;
+  int numExperts = 0;
+  std::vector<int> expertToRank;          // [numExperts]
+  std::vector<std::vector<int>> localExperts;  // [nranks] global ids, ascending
+  std::vector<int> localIndexOf;          // [numExperts] index of e among its rank's experts
+  int expertAlignment = 1;                // >= 1
+};
+
+// Builds the shape; placement == nullptr means contiguous blocks of numExperts / nranks.
+// fuscoInvalidArgument (message says why) for numExperts <= 0, numExperts % nranks != 0 without a
+// placement, or a placement entry outside [0, nranks).
+fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, int expertAlignment,
+                            MoeShape* out);
+
+// Checks topkIdx: every id in [-1, numExperts), no id twice within one token.
+// fuscoInvalidArgument with a message naming the token and slot ("token 17 slot 3: ...").
+fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, int topk);
+
+// What one rank sends in dispatch.
+struct MoeSendPlan {
+  // [nranks] token index of each row sent to rank r, in send order. RANK: each token once per
+  // destination rank, ascending token. NONE: one row per (token, expert), ascending token, then k.
+  std::vector<std::vector<int64_t>> rows;
+  // [nranks] wire metadata for rank r: for each row, a count m followed by m local expert indices
+  // of rank r in k order (the k order of the token's slots).
+  std::vector<std::vector<int32_t>> meta;
+  // [nranks] CSR: for row i sent to r, the topk slots k it covers are kSlots[r][kStart[r][i] ..
+  // kStart[r][i+1]) in ascending k (combine uses them to pick weights and to sum in k order).
+  std::vector<std::vector<uint32_t>> kStart;
+  std::vector<std::vector<uint8_t>> kSlots;
+  size_t numTokens = 0;
+  int topk = 0;
+};
+MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
+                     int topk, Dedup dedup);
+// The same plan written into *out, reusing its vectors' capacity (a handle re-planned every layer
+// then allocates nothing). Expects validateTopk to have passed; ids outside the range are skipped.
+void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
+                  int topk, Dedup dedup, MoeSendPlan* out);
+
+// What one rank receives in dispatch.
+struct MoeRecvPlan {
+  size_t numRecvRows = 0;                     // including padding
+  std::vector<int64_t> tokensPerLocalExpert;  // [numLocalExperts] rows before padding
+  std::vector<int64_t> blockStart;            // [numLocalExperts] first row of each block
+  std::vector<int64_t> paddingRows;           // rows to zero-fill
+  // [nranks] CSR: row i received from s is written to fanRows[s][fanStart[s][i] ..
+  // fanStart[s][i+1]) (k order of the source token), so rowsFrom(s) = fanStart[s].size() - 1.
+  std::vector<std::vector<uint32_t>> fanStart;
+  std::vector<std::vector<int64_t>> fanRows;
+  size_t rowsFrom(int s) const { return fanStart[s].empty() ? 0 : fanStart[s].size() - 1; }
+};
+// metaFrom[s] is the metadata rank s sent to `rank` (may be empty). fuscoRemoteError with a message
+// naming the source if it is malformed (count 0, index out of range, truncated, an expert twice
+// in one row); *out is untouched on failure and its vectors' capacity is reused on success.
+fuscoResult_t planRecv(const MoeShape& shape, int rank, const std::vector<std::vector<int32_t>>& metaFrom,
+                       MoeRecvPlan* out);
+
+// One line summarizing a plan (FUSCO_PLAN_TRACE): rows per peer, bytes per path, dedup savings.
+std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
+                         const MoeSendPlan& send, const MoeRecvPlan& recv, size_t rowBytes, Dedup dedup);
+
+}  // namespace fusco

@@ -1,0 +1,324 @@
+#include "harness/mp_harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "core/bootstrap.h"
+#include "core/params.h"
+
+namespace fusco::test {
+
+namespace {
+
+// Thrown by initComm (and only caught by runRanks' child) to end a rank's body after a fatal
+// failure, the way ASSERT_* ends a test function.
+struct RankAbort {};
+
+// Each failure travels as a 4-byte length and the text, written under one lock so messages from
+// several threads do not interleave. Only the first kMaxSent are sent so a rank that fails on
+// every element cannot flood the parent; the rest are counted.
+constexpr int kMaxSent = 30;
+std::mutex gSendMu;
+int gFailures = 0;  // failures seen in this rank process (under gSendMu)
+
+bool writeAll(int fd, const void* data, size_t len) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void sendText(int fd, const std::string& text) {
+  uint32_t len = static_cast<uint32_t>(text.size());
+  std::string frame(reinterpret_cast<const char*>(&len), sizeof(len));
+  frame += text;
+  writeAll(fd, frame.data(), frame.size());
+}
+
+// Installed in a rank process: every gtest failure goes straight into the pipe, so failures
+// recorded before a crash still reach the parent. Two are installed: one for all threads (the
+// global reporter) and one for the main thread, which wins over any per-thread reporter the
+// parent had installed when it forked (e.g. EXPECT_NONFATAL_FAILURE around runRanks).
+class PipeReporter : public ::testing::ScopedFakeTestPartResultReporter {
+ public:
+  PipeReporter(int fd, InterceptMode mode) : ScopedFakeTestPartResultReporter(mode, &unused_), fd_(fd) {}
+  void ReportTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;  // successes and skips carry nothing the parent needs
+    std::ostringstream os;
+    os << (r.file_name() ? r.file_name() : "?") << ":" << r.line_number() << ": "
+       << r.message();
+    std::lock_guard<std::mutex> g(gSendMu);
+    if (++gFailures > kMaxSent) return;
+    sendText(fd_, os.str());
+  }
+
+ private:
+  ::testing::TestPartResultArray unused_;
+  int fd_;
+};
+
+void sendLocked(int fd, const std::string& text) {
+  std::lock_guard<std::mutex> g(gSendMu);
+  sendText(fd, text);
+}
+
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;        // read end of this rank's failure pipe
+  std::string buf;    // bytes read so far
+  bool done = false;
+  bool timedOut = false;
+  int status = 0;
+};
+
+[[noreturn]] void runChild(int rank, int n, const fuscoUniqueId& id, int wfd, pid_t parent,
+                           const std::function<void(const RankCtx&)>& body,
+                           const MpOptions& opt) {
+  // Die with the test process (a killed ctest must not leave ranks behind).
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(97);
+  signal(SIGPIPE, SIG_DFL);
+  for (const auto& kv : opt.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+  fusco::paramsReload();
+  // Only rank 0 may keep the inherited listening socket; a stray copy elsewhere would keep a dead
+  // root's port accepting connections.
+  if (rank != 0) fusco::bootstrapReleaseId(id);
+  int code = 0;
+  {
+    PipeReporter allThreads(wfd, ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS);
+    PipeReporter mainThread(wfd,
+                            ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD);
+    RankCtx ctx{rank, n, id};
+    try {
+      body(ctx);
+    } catch (const RankAbort&) {
+      // the fatal failure is already reported
+    } catch (const std::exception& e) {
+      sendLocked(wfd, std::string("uncaught exception: ") + e.what());
+      code = 3;
+    } catch (...) {
+      sendLocked(wfd, "uncaught non-standard exception");
+      code = 3;
+    }
+    std::lock_guard<std::mutex> g(gSendMu);
+    if (gFailures > kMaxSent)
+      sendText(wfd, std::to_string(gFailures - kMaxSent) + " more failures not shown");
+  }
+  close(wfd);
+  _exit(code);
+}
+
+// Moves whatever the pipe holds into c.buf; closes the fd at end of file.
+void drain(Child& c) {
+  char tmp[65536];
+  while (c.fd >= 0) {
+    ssize_t r = read(c.fd, tmp, sizeof(tmp));
+    if (r > 0) {
+      c.buf.append(tmp, static_cast<size_t>(r));
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    close(c.fd);
+    c.fd = -1;
+  }
+}
+
+std::vector<std::string> parseMessages(const std::string& buf) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos + sizeof(uint32_t) <= buf.size()) {
+    uint32_t len;
+    memcpy(&len, buf.data() + pos, sizeof(len));
+    pos += sizeof(len);
+    if (pos + len > buf.size()) {
+      out.push_back(buf.substr(pos) + " [truncated: the rank died while reporting]");
+      return out;
+    }
+    out.push_back(buf.substr(pos, len));
+    pos += len;
+  }
+  return out;
+}
+
+std::string describeStatus(int status) {
+  std::ostringstream os;
+  if (WIFEXITED(status)) {
+    os << "exited with status " << WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    os << "was killed by signal " << sig << " (" << strsignal(sig) << ")";
+  } else {
+    os << "ended with wait status " << status;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+double nowSec() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::string> fuscoShmEntries() {
+  std::vector<std::string> out;
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (strstr(e->d_name, "fusco") != nullptr) out.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOptions& opt) {
+  ASSERT_GE(n, 1) << "runRanks needs at least one rank";
+  const std::vector<std::string> shmBefore = fuscoShmEntries();
+  fuscoUniqueId id;
+  memset(&id, 0, sizeof(id));
+  fuscoResult_t idRes = fuscoGetUniqueId(&id);
+  ASSERT_EQ(idRes, fuscoSuccess) << "fuscoGetUniqueId: " << fuscoGetErrorString(idRes) << ": "
+                                 << fuscoGetLastError(nullptr);
+
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t parent = getpid();
+  std::vector<Child> kids(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      ADD_FAILURE() << "pipe: " << strerror(errno);
+      for (int k = 0; k < r; ++k) kill(kids[k].pid, SIGKILL);
+      n = r;
+      kids.resize(static_cast<size_t>(r));
+      break;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      for (int k = 0; k < r; ++k) close(kids[k].fd);
+      runChild(r, n, id, fds[1], parent, body, opt);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+      ADD_FAILURE() << "fork of rank " << r << ": " << strerror(errno);
+      close(fds[0]);
+      for (int k = 0; k < r; ++k) kill(kids[k].pid, SIGKILL);
+      n = r;
+      kids.resize(static_cast<size_t>(r));
+      break;
+    }
+    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    kids[r].pid = pid;
+    kids[r].fd = fds[0];
+  }
+  fusco::bootstrapReleaseId(id);
+
+  const double deadline = nowSec() + opt.timeoutSec;
+  int running = n;
+  while (running > 0) {
+    std::vector<pollfd> pfds;
+    for (auto& c : kids)
+      if (c.fd >= 0) pfds.push_back(pollfd{c.fd, POLLIN, 0});
+    if (!pfds.empty()) {
+      poll(pfds.data(), pfds.size(), 20);
+    } else {
+      usleep(20000);
+    }
+    for (auto& c : kids) drain(c);
+    for (auto& c : kids) {
+      if (c.done) continue;
+      pid_t w = waitpid(c.pid, &c.status, WNOHANG);
+      if (w == c.pid || (w < 0 && errno == ECHILD)) {
+        c.done = true;
+        --running;
+      }
+    }
+    if (running > 0 && nowSec() > deadline) {
+      for (auto& c : kids) {
+        if (c.done) continue;
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &c.status, 0);
+        c.timedOut = true;
+        c.done = true;
+        --running;
+      }
+    }
+  }
+  for (auto& c : kids) {
+    drain(c);
+    if (c.fd >= 0) close(c.fd);
+    c.fd = -1;
+  }
+
+  for (int r = 0; r < n; ++r) {
+    const Child& c = kids[r];
+    for (const std::string& m : parseMessages(c.buf)) ADD_FAILURE() << "rank " << r << ": " << m;
+    bool mayDie = std::find(opt.mayDie.begin(), opt.mayDie.end(), r) != opt.mayDie.end();
+    if (c.timedOut) {
+      ADD_FAILURE() << "rank " << r << " did not finish within " << opt.timeoutSec
+                    << " s and was killed (hang?)";
+    } else if (!mayDie && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+      ADD_FAILURE() << "rank " << r << " " << describeStatus(c.status);
+    }
+  }
+
+  // Every segment must be gone once every rank has exited, even after a crash.
+  const std::vector<std::string> shmAfter = fuscoShmEntries();
+  std::vector<std::string> leaked;
+  std::set_difference(shmAfter.begin(), shmAfter.end(), shmBefore.begin(), shmBefore.end(),
+                      std::back_inserter(leaked));
+  if (!leaked.empty()) {
+    std::ostringstream os;
+    for (const auto& s : leaked) {
+      os << " /dev/shm/" << s;
+      unlink(("/dev/shm/" + s).c_str());  // so the next test is not blamed
+    }
+    ADD_FAILURE() << leaked.size() << " shared memory entries left behind:" << os.str();
+  }
+}
+
+fuscoComm_t initComm(const RankCtx& ctx, const fuscoConfig_t* config) {
+  fuscoComm_t comm = nullptr;
+  fuscoResult_t r = config != nullptr
+                        ? fuscoCommInitRankConfig(&comm, ctx.nranks, ctx.id, ctx.rank, config)
+                        : fuscoCommInitRank(&comm, ctx.nranks, ctx.id, ctx.rank);
+  if (r != fuscoSuccess || comm == nullptr) {
+    GTEST_MESSAGE_AT_(__FILE__, __LINE__,
+                      (std::string("fuscoCommInitRank(nranks=") + std::to_string(ctx.nranks) +
+                       ", rank=" + std::to_string(ctx.rank) + ") failed: " +
+                       fuscoGetErrorString(r) + ": " + fuscoGetLastError(nullptr))
+                          .c_str(),
+                      ::testing::TestPartResult::kFatalFailure);
+    throw RankAbort{};
+  }
+  return comm;
+}
+
+}  // namespace fusco::test

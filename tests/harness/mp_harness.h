@@ -1,0 +1,61 @@
+// Multi-process test harness: forks N rank processes that share one fuscoUniqueId, runs a body in
+// each and reports every rank's gtest failures back in the parent (as "rank r: ...").
+//
+// Why processes and not threads: fusco ranks are processes in production (one per GPU), the shm
+// transport maps memory between processes, and a fault test must be able to SIGKILL one rank.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusco.h"
+
+namespace fusco::test {
+
+struct RankCtx {
+  int rank;
+  int nranks;
+  fuscoUniqueId id;
+};
+
+struct MpOptions {
+  int timeoutSec = 60;                                   // parent kills every rank after this and fails
+  std::vector<std::pair<std::string, std::string>> env;  // set in each child before body
+  std::vector<int> mayDie;                               // ranks allowed to exit abnormally (fault tests)
+};
+
+// Forks n rank processes; each runs body(ctx). Gtest assertion failures inside a rank are sent to
+// the parent through a pipe as they happen; the parent re-reports each as
+// ADD_FAILURE() << "rank r: " << text. A rank that crashes, exits non-zero or times out is a
+// failure naming it (unless in mayDie). Children end with _exit and never return into gtest.
+// Afterwards the parent checks that /dev/shm holds no new entry whose name contains "fusco".
+void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOptions& opt = {});
+
+// Inits a host comm for ctx (fuscoCommInitRankConfig when config is non-NULL). On failure it records
+// a fatal failure naming the result and last error and ends the rank's body (like ASSERT_*: the
+// harness unwinds the body with an internal exception), so callers may use the result directly.
+fuscoComm_t initComm(const RankCtx& ctx, const fuscoConfig_t* config = nullptr);
+
+// Seconds since an arbitrary point (steady clock), for "returns promptly" assertions.
+double nowSec();
+
+// Names of /dev/shm entries whose name contains "fusco" (sorted).
+std::vector<std::string> fuscoShmEntries();
+
+}  // namespace fusco::test
+
+// Check a fusco call and print the result name and the comm's last error on failure.
+#define FUSCO_EXPECT_OK(comm, call)                                                       \
+  do {                                                                                    \
+    fuscoResult_t fusco_t_r_ = (call);                                                    \
+    EXPECT_EQ(fusco_t_r_, fuscoSuccess) << #call << " -> " << fuscoGetErrorString(fusco_t_r_) \
+                                        << ": " << fuscoGetLastError(comm);               \
+  } while (0)
+#define FUSCO_ASSERT_OK(comm, call)                                                       \
+  do {                                                                                    \
+    fuscoResult_t fusco_t_r_ = (call);                                                    \
+    ASSERT_EQ(fusco_t_r_, fuscoSuccess) << #call << " -> " << fuscoGetErrorString(fusco_t_r_) \
+                                        << ": " << fuscoGetLastError(comm);               \
+  } while (0)

@@ -1,0 +1,25 @@
+# ctest helper: cmake -DBUILD=<fusco build dir> -DPREFIX=<tmp prefix> [-DCONFIG=<cfg>] -P install.cmake
+# Brings the installed targets up to date, then installs fusco into a fresh PREFIX.
+foreach(v BUILD PREFIX)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "install.cmake: -D${v}= is required")
+  endif()
+endforeach()
+set(cfg)
+if(CONFIG)
+  set(cfg --config ${CONFIG})
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD} --target fusco fusco_info ${cfg}
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building fusco in ${BUILD} failed (${rc})")
+endif()
+file(REMOVE_RECURSE ${PREFIX})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${PREFIX} ${cfg}
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install ${BUILD} --prefix ${PREFIX} failed (${rc})")
+endif()
+if(NOT EXISTS ${PREFIX}/include/fusco.h)
+  message(FATAL_ERROR "fusco.h was not installed into ${PREFIX}/include")
+endif()

@@ -1,0 +1,880 @@
+// The shared-memory transport across real processes: forked ranks exchange setup blobs through
+// pipes (via the parent), connect, and then talk through the ops table only. Children report
+// failures on stderr and through their exit code; every wait has a deadline.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/liveness.h"
+#include "core/params.h"
+#include "core/result.h"
+#include "core/topology.h"
+#include "transport/transport.h"
+
+namespace fusco {
+extern const TransportOps kShmTransport;
+}
+
+namespace {
+
+using fusco::Deadline;
+using fusco::kShmTransport;
+using fusco::PeerInfo;
+using fusco::TransportComm;
+using fusco::TransportContext;
+
+constexpr int kTimeoutMs = 8000;  // any single wait; a healthy test takes well under a second
+constexpr uint64_t kSeed = 0x5eed1234abcdULL;
+
+#define CHILD_CHECK(cond, ...)                                                      \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      fprintf(stderr, "[shm test rank %d pid %d] %s:%d: check failed: %s: ", gRank, \
+              static_cast<int>(getpid()), __FILE__, __LINE__, #cond);               \
+      fprintf(stderr, __VA_ARGS__);                                                 \
+      fprintf(stderr, " (last error: %s)\n", fusco::threadLastError().c_str());     \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+
+int gRank = -1;  // rank of this process, for messages
+
+// ---------------------------------------------------------------- pipe helpers with deadlines
+
+bool readFull(int fd, void* buf, size_t n, const Deadline& d) {
+  auto p = static_cast<char*>(buf);
+  while (n > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    int rc = poll(&pfd, 1, static_cast<int>(d.remainingMs()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return false;
+    ssize_t got = read(fd, p, n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool writeFull(int fd, const void* buf, size_t n) {
+  auto p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t put = write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+bool writeString(int fd, const std::string& s) {
+  uint32_t n = static_cast<uint32_t>(s.size());
+  return writeFull(fd, &n, sizeof(n)) && writeFull(fd, s.data(), n);
+}
+
+bool readString(int fd, std::string* s, const Deadline& d) {
+  uint32_t n = 0;
+  if (!readFull(fd, &n, sizeof(n), d) || n > (1u << 20)) return false;
+  s->assign(n, '\0');
+  return readFull(fd, &(*s)[0], n, d);
+}
+
+// ---------------------------------------------------------------- one rank's view
+
+struct Options {
+  int nranks = 2;
+  bool parentIsRank0 = false;   // the test process itself is rank 0 (liveness tests)
+  bool exitAfterSetup = false;  // children publish their blob and exit (connect failure test)
+  size_t chunkBytes = 4096;
+  int depth = 3;
+};
+
+struct RankEnv {
+  int rank = 0;
+  int nranks = 0;
+  std::vector<PeerInfo> infos;
+  fusco::NodeMap nodes;
+  TransportContext ctx;
+  std::vector<int> peers;
+  TransportComm* tc = nullptr;
+  int toParent = -1;    // children only
+  int fromParent = -1;  // children only
+
+  // Children: wait until every rank reached the same barrier (the parent coordinates).
+  bool barrier() {
+    Deadline d(kTimeoutMs);
+    char b = 'B', g = 0;
+    return writeFull(toParent, &b, 1) && readFull(fromParent, &g, 1, d) && g == 'G';
+  }
+};
+
+void buildEnv(RankEnv* e, int rank, const std::vector<pid_t>& pids, const Options& o) {
+  e->rank = rank;
+  e->nranks = static_cast<int>(pids.size());
+  std::string host = fusco::localHostId();
+  std::vector<std::string> hosts(e->nranks, host);
+  e->infos.resize(e->nranks);
+  for (int r = 0; r < e->nranks; ++r)
+    e->infos[r] = {host, pids[r], fusco::processStartTime(pids[r])};
+  e->nodes = fusco::buildNodeMap(hosts, 0);
+  e->ctx.rank = rank;
+  e->ctx.nranks = e->nranks;
+  e->ctx.nodes = &e->nodes;
+  e->ctx.peers = &e->infos;
+  e->ctx.memType = fuscoMemHost;
+  e->ctx.chunkBytes = o.chunkBytes;
+  e->ctx.depth = o.depth;
+  e->ctx.timeoutMs = kTimeoutMs;
+  e->ctx.commTag = 0xc0ffee;
+  e->peers.clear();
+  for (int p = 0; p < e->nranks; ++p)
+    if (kShmTransport.score(e->ctx, p) > 0) e->peers.push_back(p);
+}
+
+using Body = std::function<int(RankEnv&)>;
+
+// ---------------------------------------------------------------- the process group
+
+// Forks the child ranks, relays blobs and barriers, and reaps them with a deadline.
+class Group {
+ public:
+  ~Group() { killAll(); }
+
+  // Forks ranks [first, nranks) running body. Returns false if forking failed.
+  bool start(const Options& o, const Body& body) {
+    signal(SIGPIPE, SIG_IGN);
+    opts_ = o;
+    int first = o.parentIsRank0 ? 1 : 0;
+    pids_.assign(o.nranks, getpid());
+    std::vector<std::array<int, 4>> fds;
+    for (int r = first; r < o.nranks; ++r) {
+      int up[2], down[2];
+      if (pipe(up) != 0 || pipe(down) != 0) return false;
+      fds.push_back({up[0], up[1], down[0], down[1]});
+    }
+    for (int r = first; r < o.nranks; ++r) {
+      pid_t pid = fork();
+      if (pid < 0) return false;
+      if (pid == 0) {
+        for (size_t i = 0; i < fds.size(); ++i)
+          for (int k = 0; k < 4; ++k)
+            if (!(static_cast<int>(i) == r - first && (k == 1 || k == 2))) close(fds[i][k]);
+        _exit(childMain(r, fds[r - first][1], fds[r - first][2], body));
+      }
+      pids_[r] = pid;
+    }
+    for (auto& f : fds) {
+      close(f[1]);
+      close(f[2]);
+      up_.push_back(f[0]);
+      down_.push_back(f[3]);
+    }
+    for (int fd : down_)
+      if (!writeFull(fd, pids_.data(), sizeof(pid_t) * pids_.size())) return false;
+    return true;
+  }
+
+  pid_t pid(int rank) const { return pids_[rank]; }
+  const std::vector<pid_t>& pids() const { return pids_; }
+
+  // Gathers every child's blob (plus ownBlob as rank 0 if the parent is a rank), then sends
+  // them all to every child. *blobs gets the full list.
+  bool exchangeBlobs(const std::string& ownBlob, std::vector<std::string>* blobs) {
+    Deadline d(kTimeoutMs);
+    blobs->assign(opts_.nranks, "");
+    int first = opts_.parentIsRank0 ? 1 : 0;
+    if (first == 1) (*blobs)[0] = ownBlob;
+    for (size_t i = 0; i < up_.size(); ++i)
+      if (!readString(up_[i], &(*blobs)[first + i], d)) return false;
+    if (opts_.exitAfterSetup) return true;
+    for (int fd : down_)
+      for (const auto& b : *blobs)
+        if (!writeString(fd, b)) return false;
+    return true;
+  }
+
+  // One barrier round: every child sent 'B' -> all get 'G'. false if a child left instead.
+  bool barrier() {
+    Deadline d(kTimeoutMs);
+    for (int fd : up_) {
+      char b = 0;
+      if (!readFull(fd, &b, 1, d) || b != 'B') {
+        closeDown();  // releases the others with an error instead of a hang
+        return false;
+      }
+    }
+    for (int fd : down_) {
+      char g = 'G';
+      if (!writeFull(fd, &g, 1)) return false;
+    }
+    return true;
+  }
+
+  // Serves barriers until every child closed its pipe (finished), then reaps them all.
+  // Returns each child's exit status (-1: killed or timed out).
+  std::vector<int> finish() {
+    Deadline d(kTimeoutMs);
+    while (!up_.empty() && !d.expired()) {
+      std::vector<bool> eof(up_.size(), false);
+      size_t nEof = 0, nBarrier = 0;
+      for (size_t i = 0; i < up_.size(); ++i) {
+        char b = 0;
+        if (readFull(up_[i], &b, 1, d) && b == 'B')
+          ++nBarrier;
+        else
+          eof[i] = true, ++nEof;
+      }
+      if (nEof == up_.size()) break;
+      if (nEof > 0) {
+        closeDown();
+        break;
+      }
+      for (int fd : down_) {
+        char g = 'G';
+        writeFull(fd, &g, 1);
+      }
+    }
+    closeDown();
+    return reap(d);
+  }
+
+  // Waits (with deadline) for child `rank` to exit without reaping it (it stays a zombie).
+  bool waitZombie(int rank) {
+    Deadline d(kTimeoutMs);
+    while (!d.expired()) {
+      siginfo_t si{};
+      if (waitid(P_PID, pids_[rank], &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid != 0)
+        return true;
+      usleep(1000);
+    }
+    return false;
+  }
+
+  // Reaps one child; returns its exit status or -1 (signal or timeout).
+  int reapOne(int rank) {
+    Deadline d(kTimeoutMs);
+    while (!d.expired()) {
+      int st = 0;
+      pid_t r = waitpid(pids_[rank], &st, WNOHANG);
+      if (r == pids_[rank]) {
+        reaped_.insert(rank);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      if (r < 0) return -1;
+      usleep(1000);
+    }
+    return -1;
+  }
+
+ private:
+  int childMain(int rank, int toParent, int fromParent, const Body& body);
+
+  void closeDown() {
+    for (int fd : down_) close(fd);
+    down_.clear();
+  }
+
+  std::vector<int> reap(const Deadline& d) {
+    std::vector<int> status(opts_.nranks, 0);
+    int first = opts_.parentIsRank0 ? 1 : 0;
+    for (int r = first; r < opts_.nranks; ++r) {
+      if (reaped_.count(r)) continue;
+      int st = 0;
+      pid_t got = 0;
+      while ((got = waitpid(pids_[r], &st, WNOHANG)) == 0 && !d.expired()) usleep(1000);
+      if (got != pids_[r]) {
+        fprintf(stderr, "[shm test] rank %d (pid %d) did not finish in time; killing it\n", r,
+                static_cast<int>(pids_[r]));
+        kill(pids_[r], SIGKILL);
+        waitpid(pids_[r], &st, 0);
+        status[r] = -1;
+      } else {
+        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      reaped_.insert(r);
+    }
+    for (int fd : up_) close(fd);
+    up_.clear();
+    return status;
+  }
+
+  void killAll() {
+    closeDown();
+    for (int fd : up_) close(fd);
+    up_.clear();
+    int first = opts_.parentIsRank0 ? 1 : 0;
+    for (int r = first; r < static_cast<int>(pids_.size()); ++r) {
+      if (reaped_.count(r)) continue;
+      kill(pids_[r], SIGKILL);
+      waitpid(pids_[r], nullptr, 0);
+      reaped_.insert(r);
+    }
+  }
+
+  Options opts_;
+  std::vector<pid_t> pids_;
+  std::vector<int> up_;    // child -> parent, read ends
+  std::vector<int> down_;  // parent -> child, write ends
+  std::set<int> reaped_;
+};
+
+int Group::childMain(int rank, int toParent, int fromParent, const Body& body) {
+  gRank = rank;
+  Deadline d(kTimeoutMs);
+  std::vector<pid_t> pids(opts_.nranks);
+  CHILD_CHECK(readFull(fromParent, pids.data(), sizeof(pid_t) * pids.size(), d), "no pid list");
+  RankEnv e;
+  e.toParent = toParent;
+  e.fromParent = fromParent;
+  buildEnv(&e, rank, pids, opts_);
+  std::string blob;
+  CHILD_CHECK(kShmTransport.setup(e.ctx, e.peers, &e.tc, &blob) == fuscoSuccess, "setup");
+  CHILD_CHECK(writeString(toParent, blob), "sending blob");
+  if (opts_.exitAfterSetup) return 0;  // exits with the segment never connected
+  std::vector<std::string> blobs(opts_.nranks);
+  for (auto& b : blobs) CHILD_CHECK(readString(fromParent, &b, d), "receiving blobs");
+  CHILD_CHECK(kShmTransport.connect(e.tc, blobs) == fuscoSuccess, "connect");
+  CHILD_CHECK(e.barrier(), "post-connect barrier");
+  int rc = 1;
+  try {
+    rc = body(e);
+  } catch (...) {
+    fprintf(stderr, "[shm test rank %d] exception in body\n", rank);
+  }
+  kShmTransport.close(e.tc);
+  return rc;
+}
+
+// Runs body in nranks forked children (the parent only relays) and expects all to succeed.
+void runChildren(const Options& o, const Body& body) {
+  Group g;
+  ASSERT_TRUE(g.start(o, body));
+  std::vector<std::string> blobs;
+  ASSERT_TRUE(g.exchangeBlobs("", &blobs));
+  std::vector<int> st = g.finish();
+  for (int r = 0; r < o.nranks; ++r) EXPECT_EQ(st[r], 0) << "rank " << r << " failed (see stderr)";
+}
+
+// ---------------------------------------------------------------- message content
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+struct Msg {
+  uint32_t tag;
+  size_t len;
+  uint64_t seed;
+};
+
+// Message idx from src to dst: lengths cycle through 0, 1, chunkBytes and random sizes.
+Msg message(int src, int dst, uint64_t idx, size_t chunk) {
+  uint64_t h = mix(kSeed ^ (uint64_t(src) << 48) ^ (uint64_t(dst) << 32) ^ idx);
+  size_t lens[] = {0, 1, chunk, chunk - 1, 8};
+  size_t len = idx % 7 < 5 ? lens[idx % 7] : static_cast<size_t>(h % (chunk + 1));
+  return {static_cast<uint32_t>(h >> 32), len, mix(h)};
+}
+
+void fillPayload(uint8_t* p, const Msg& m) {
+  uint64_t s = m.seed;
+  for (size_t i = 0; i < m.len; ++i) {
+    if (i % 8 == 0) s = mix(s);
+    p[i] = static_cast<uint8_t>(s >> (8 * (i % 8)));
+  }
+}
+
+// Every rank sends `count` messages to every peer and checks every message it receives, all
+// interleaved and non-blocking (as the engine drives it).
+int exchangeAll(RankEnv& e, uint64_t count) {
+  size_t cap = 0;
+  std::vector<uint64_t> sent(e.nranks, 0), got(e.nranks, 0);
+  std::vector<uint8_t> expect(e.ctx.chunkBytes);
+  Deadline d(kTimeoutMs);
+  size_t done = 0, want = 2 * e.peers.size();
+  while (done < want) {
+    CHILD_CHECK(!d.expired(), "timed out: sent/received not complete");
+    bool progress = false;
+    done = 0;
+    for (int p : e.peers) {
+      void* buf = nullptr;
+      if (sent[p] < count) {
+        CHILD_CHECK(kShmTransport.sendAcquire(e.tc, p, &buf, &cap) == fuscoSuccess, "acquire");
+      }
+      if (buf != nullptr) {
+        CHILD_CHECK(cap == e.ctx.chunkBytes, "capacity %zu", cap);
+        Msg m = message(e.rank, p, sent[p], cap);
+        fillPayload(static_cast<uint8_t*>(buf), m);
+        CHILD_CHECK(kShmTransport.sendPost(e.tc, p, m.tag, m.len) == fuscoSuccess, "post");
+        ++sent[p];
+        progress = true;
+      }
+      const void* in = nullptr;
+      size_t len = 0;
+      uint32_t tag = 0;
+      CHILD_CHECK(kShmTransport.recvPoll(e.tc, p, &in, &len, &tag) == fuscoSuccess, "poll");
+      if (in != nullptr) {
+        CHILD_CHECK(got[p] < count, "extra message from %d", p);
+        Msg m = message(p, e.rank, got[p], e.ctx.chunkBytes);
+        CHILD_CHECK(len == m.len && tag == m.tag,
+                    "message %llu from %d: len %zu tag %u, want %zu %u", (unsigned long long)got[p],
+                    p, len, tag, m.len, m.tag);
+        fillPayload(expect.data(), m);
+        CHILD_CHECK(memcmp(in, expect.data(), len) == 0, "payload %llu from %d differs",
+                    (unsigned long long)got[p], p);
+        CHILD_CHECK(kShmTransport.recvRelease(e.tc, p) == fuscoSuccess, "release");
+        ++got[p];
+        progress = true;
+      }
+      done += (sent[p] == count) + (got[p] == count);
+    }
+    if (!progress) sched_yield();
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- in-process helpers
+
+struct LocalRank {
+  std::vector<PeerInfo> infos;
+  fusco::NodeMap nodes;
+  TransportContext ctx;
+  TransportComm* tc = nullptr;
+  std::string blob;
+
+  fuscoResult_t open() {
+    infos = {{fusco::localHostId(), getpid(), fusco::processStartTime(getpid())}};
+    nodes = fusco::buildNodeMap({infos[0].hostId}, 0);
+    ctx.rank = 0;
+    ctx.nranks = 1;
+    ctx.nodes = &nodes;
+    ctx.peers = &infos;
+    ctx.chunkBytes = 4096;
+    ctx.depth = 2;
+    ctx.commTag = 7;
+    fuscoResult_t r = kShmTransport.setup(ctx, {}, &tc, &blob);
+    if (r != fuscoSuccess) return r;
+    return kShmTransport.connect(tc, {blob});
+  }
+  ~LocalRank() { kShmTransport.close(tc); }
+};
+
+std::set<std::string> listDir(const char* dir) {
+  std::set<std::string> out;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* ent = readdir(d)) out.insert(ent->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+// The fds of this process that are fusco memfd segments.
+std::vector<int> fuscoMemfds() {
+  std::vector<int> fds;
+  for (const std::string& name : listDir("/proc/self/fd")) {
+    char link[256] = {0};
+    std::string path = "/proc/self/fd/" + name;
+    ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+    if (n > 0 && strstr(link, "memfd:fusco-shm") != nullptr) fds.push_back(atoi(name.c_str()));
+  }
+  return fds;
+}
+
+// Small arenas for the tests, through the environment so that nothing outlives the test.
+class ShmTransport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* old = getenv("FUSCO_SHM_ARENA_BYTES");
+    hadOld_ = old != nullptr;
+    if (hadOld_) old_ = old;
+    setArena("16M");
+  }
+  void TearDown() override {
+    if (hadOld_)
+      setenv("FUSCO_SHM_ARENA_BYTES", old_.c_str(), 1);
+    else
+      unsetenv("FUSCO_SHM_ARENA_BYTES");
+    fusco::paramsReload();
+  }
+  // nullptr: the default (4 GiB, sparse).
+  static void setArena(const char* v) {
+    if (v != nullptr)
+      setenv("FUSCO_SHM_ARENA_BYTES", v, 1);
+    else
+      unsetenv("FUSCO_SHM_ARENA_BYTES");
+    fusco::paramsReload();
+  }
+
+ private:
+  bool hadOld_ = false;
+  std::string old_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- tests
+
+TEST_F(ShmTransport, ScoresSameHostPeersAndNeverSelf) {
+  std::vector<PeerInfo> infos = {
+      {"hostA", 1, 0}, {"hostA", 2, 0}, {"hostA", 3, 0}, {"hostB", 4, 0}};
+  fusco::NodeMap byHost = fusco::buildNodeMap({"hostA", "hostA", "hostA", "hostB"}, 0);
+  fusco::NodeMap virt = fusco::buildNodeMap({"hostA", "hostA", "hostA", "hostB"}, 2);
+  TransportContext ctx;
+  ctx.rank = 1;
+  ctx.nranks = 4;
+  ctx.peers = &infos;
+  ctx.nodes = &byHost;
+  EXPECT_EQ(kShmTransport.score(ctx, 0), 10);
+  EXPECT_EQ(kShmTransport.score(ctx, 2), 10);
+  EXPECT_LT(kShmTransport.score(ctx, 1), 0);  // self: the engine copies
+  EXPECT_LT(kShmTransport.score(ctx, 3), 0);  // another host
+  ctx.nodes = &virt;                          // rank 2 is on another virtual node, same host
+  EXPECT_EQ(kShmTransport.score(ctx, 0), 10);
+  EXPECT_EQ(kShmTransport.score(ctx, 2), 1);
+  ctx.memType = fuscoMemCuda;
+  EXPECT_LT(kShmTransport.score(ctx, 0), 0);
+  EXPECT_STREQ(kShmTransport.name, "shm");
+}
+
+TEST_F(ShmTransport, SegmentIsOwnerOnlyMemfdAndLeavesNothingInDevShm) {
+  setArena(nullptr);  // the default 4 GiB arena costs only the pages touched
+  std::set<std::string> before = listDir("/dev/shm");
+  std::vector<int> fdsBefore = fuscoMemfds();
+  {
+    LocalRank r;
+    ASSERT_EQ(r.open(), fuscoSuccess) << fusco::threadLastError();
+    std::vector<int> fds = fuscoMemfds();
+    ASSERT_EQ(fds.size(), fdsBefore.size() + 1);
+    struct stat st;
+    ASSERT_EQ(fstat(fds.back(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_GE(static_cast<uint64_t>(st.st_size), 4ull << 30);          // header + the 4 GiB arena
+    EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, 1ull << 20);  // sparse: little used
+    void* p = nullptr;
+    ASSERT_EQ(kShmTransport.memAlloc(r.tc, 3ull << 30, &p), fuscoSuccess);
+    ASSERT_EQ(kShmTransport.memFree(r.tc, p), fuscoSuccess);
+    for (const std::string& name : listDir("/dev/shm")) {
+      EXPECT_TRUE(before.count(name) || name.find("fusco") == std::string::npos) << name;
+    }
+  }
+  EXPECT_EQ(fuscoMemfds().size(), fdsBefore.size());  // close released the segment
+  kShmTransport.close(nullptr);                       // and close tolerates nullptr
+}
+
+TEST_F(ShmTransport, ArenaIsFirstFitCoalescesAndReportsExhaustion) {
+  setArena("1M");
+  LocalRank r;
+  ASSERT_EQ(r.open(), fuscoSuccess) << fusco::threadLastError();
+  TransportComm* tc = r.tc;
+  void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+  ASSERT_EQ(kShmTransport.memAlloc(tc, 100, &a), fuscoSuccess);
+  ASSERT_EQ(kShmTransport.memAlloc(tc, 300, &b), fuscoSuccess);
+  ASSERT_EQ(kShmTransport.memAlloc(tc, 4096, &c), fuscoSuccess);
+  for (void* p : {a, b, c}) EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, c);
+  memset(c, 0xab, 4096);  // the memory is usable
+  ASSERT_EQ(kShmTransport.memFree(tc, b), fuscoSuccess);
+  ASSERT_EQ(kShmTransport.memAlloc(tc, 200, &d), fuscoSuccess);
+  EXPECT_EQ(d, b);  // first fit reuses the hole
+  EXPECT_EQ(kShmTransport.memFree(tc, d), fuscoSuccess);
+  EXPECT_EQ(kShmTransport.memFree(tc, d), fuscoInvalidArgument);  // double free
+  int onStack = 0;
+  EXPECT_EQ(kShmTransport.memFree(tc, &onStack), fuscoInvalidArgument);
+  EXPECT_EQ(kShmTransport.memFree(tc, static_cast<char*>(c) + 256), fuscoInvalidArgument);
+  ASSERT_EQ(kShmTransport.memFree(tc, a), fuscoSuccess);
+  ASSERT_EQ(kShmTransport.memFree(tc, c), fuscoSuccess);
+  // Everything was freed in an order that needs merging on both sides: the whole arena is one
+  // block again.
+  void* all = nullptr;
+  ASSERT_EQ(kShmTransport.memAlloc(tc, 1 << 20, &all), fuscoSuccess) << fusco::threadLastError();
+  EXPECT_EQ(all, a);
+  void* more = nullptr;
+  EXPECT_EQ(kShmTransport.memAlloc(tc, 1, &more), fuscoSystemError);
+  EXPECT_NE(fusco::threadLastError().find("shared arena exhausted: asked 1 bytes, largest free 0"),
+            std::string::npos)
+      << fusco::threadLastError();
+  EXPECT_NE(fusco::threadLastError().find("FUSCO_SHM_ARENA_BYTES"), std::string::npos);
+  ASSERT_EQ(kShmTransport.memFree(tc, all), fuscoSuccess);
+  EXPECT_EQ(kShmTransport.memAlloc(tc, (1 << 20) + 1, &more), fuscoSystemError);
+}
+
+TEST_F(ShmTransport, RegionTokenCoversExactlyTheArena) {
+  setArena("1M");
+  LocalRank r;
+  ASSERT_EQ(r.open(), fuscoSuccess) << fusco::threadLastError();
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(kShmTransport.memAlloc(r.tc, 1000, &a), fuscoSuccess);
+  ASSERT_EQ(kShmTransport.memAlloc(r.tc, 1000, &b), fuscoSuccess);
+  uint64_t ta = ~0ull, tb = ~0ull, tmid = ~0ull, tend = 0;
+  ASSERT_TRUE(kShmTransport.regionToken(r.tc, a, 1000, &ta));
+  ASSERT_TRUE(kShmTransport.regionToken(r.tc, b, 1000, &tb));
+  EXPECT_EQ(tb - ta, static_cast<uint64_t>(static_cast<char*>(b) - static_cast<char*>(a)));
+  // Inside an allocation (not at its start) and across two allocations: still the arena.
+  ASSERT_TRUE(kShmTransport.regionToken(r.tc, static_cast<char*>(a) + 10, 1500, &tmid));
+  EXPECT_EQ(tmid, ta + 10);
+  EXPECT_TRUE(
+      kShmTransport.regionToken(r.tc, static_cast<char*>(a) - ta + (1 << 20) - 8, 8, &tend));
+  int onStack = 0;
+  uint64_t t;
+  EXPECT_FALSE(kShmTransport.regionToken(r.tc, &onStack, sizeof(onStack), &t));
+  EXPECT_FALSE(kShmTransport.regionToken(r.tc, static_cast<char*>(a) - ta + (1 << 20) - 8, 9, &t));
+  EXPECT_FALSE(kShmTransport.regionToken(r.tc, static_cast<char*>(a) - ta - 1, 2, &t));
+  EXPECT_FALSE(kShmTransport.regionToken(nullptr, a, 1, &t));
+  EXPECT_EQ(kShmTransport.peerPointer(r.tc, 0, 0, 1), nullptr);  // self is never an shm peer
+}
+
+TEST_F(ShmTransport, MessagesOfVariedLengthsArriveIntactBetweenEveryPair) {
+  Options o;
+  o.nranks = 4;
+  o.chunkBytes = 4096;
+  o.depth = 3;
+  runChildren(o, [](RankEnv& e) {
+    CHILD_CHECK(e.peers.size() == 3u, "peers %zu", e.peers.size());
+    return exchangeAll(e, 300);
+  });
+}
+
+TEST_F(ShmTransport, RingWrapsAndKeepsFifoOrder) {
+  Options o;
+  o.nranks = 2;
+  o.chunkBytes = 4096;
+  o.depth = 2;
+  runChildren(o, [](RankEnv& e) { return exchangeAll(e, 5000); });
+}
+
+TEST_F(ShmTransport, SenderGetsAtMostDepthUnreleasedSlots) {
+  Options o;
+  o.nranks = 2;
+  o.depth = 3;
+  runChildren(o, [](RankEnv& e) {
+    const int peer = 1 - e.rank;
+    void* buf = nullptr;
+    size_t cap = 0;
+    const void* in = nullptr;
+    size_t len = 0;
+    uint32_t tag = 0;
+    // Misuse is an internal error, not a crash or a silent success.
+    CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 1, 0) == fuscoInternalError, "post w/o slot");
+    CHILD_CHECK(e.barrier(), "barrier");
+    CHILD_CHECK(kShmTransport.recvRelease(e.tc, peer) == fuscoInternalError, "release w/o msg");
+    CHILD_CHECK(e.barrier(), "barrier");
+    if (e.rank == 0) {
+      for (int i = 0; i < 3; ++i) {
+        CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess && buf,
+                    "slot %d", i);
+        CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 100 + i, cap + 1) == fuscoInternalError,
+                    "oversized post");
+        CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 100 + i, i) == fuscoSuccess, "post %d", i);
+      }
+      CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess, "acquire");
+      CHILD_CHECK(buf == nullptr, "a 4th slot with 3 unreleased");
+      CHILD_CHECK(e.barrier(), "barrier A");  // the receiver releases one slot
+      CHILD_CHECK(e.barrier(), "barrier B");
+      CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess && buf,
+                  "credit came back");
+      CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 103, 3) == fuscoSuccess, "post");
+      CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess, "acquire");
+      CHILD_CHECK(buf == nullptr, "full again");
+      CHILD_CHECK(e.barrier(), "barrier C");  // only now may the receiver drain
+      return 0;
+    }
+    CHILD_CHECK(e.barrier(), "barrier A");
+    // Polling does not consume: the same message twice, then release frees one credit.
+    const void* first = nullptr;
+    CHILD_CHECK(kShmTransport.recvPoll(e.tc, peer, &first, &len, &tag) == fuscoSuccess && first,
+                "message");
+    CHILD_CHECK(kShmTransport.recvPoll(e.tc, peer, &in, &len, &tag) == fuscoSuccess && in == first,
+                "poll again");
+    CHILD_CHECK(tag == 100 && len == 0, "tag %u len %zu", tag, len);
+    CHILD_CHECK(kShmTransport.recvRelease(e.tc, peer) == fuscoSuccess, "release");
+    CHILD_CHECK(e.barrier(), "barrier B");
+    CHILD_CHECK(e.barrier(), "barrier C");
+    Deadline d(kTimeoutMs);
+    for (uint32_t i = 1; i < 4; ++i) {
+      do {
+        CHILD_CHECK(!d.expired(), "waiting for message %u", i);
+        CHILD_CHECK(kShmTransport.recvPoll(e.tc, peer, &in, &len, &tag) == fuscoSuccess, "poll");
+      } while (in == nullptr && (sched_yield(), true));
+      CHILD_CHECK(tag == 100 + i && len == i, "message %u: tag %u len %zu", i, tag, len);
+      CHILD_CHECK(kShmTransport.recvRelease(e.tc, peer) == fuscoSuccess, "release");
+    }
+    return 0;
+  });
+}
+
+// Each rank allocates a buffer, sends its token to every peer; each peer writes its own stripe
+// through peerPointer and then says "done"; the owner sees every stripe in its own memory.
+TEST_F(ShmTransport, PeersWriteIntoEachOthersArenaThroughPeerPointer) {
+  Options o;
+  o.nranks = 3;
+  runChildren(o, [](RankEnv& e) {
+    const size_t stripe = 10000;
+    void* mine = nullptr;
+    CHILD_CHECK(kShmTransport.memAlloc(e.tc, stripe * e.nranks, &mine) == fuscoSuccess, "alloc");
+    memset(mine, 0, stripe * e.nranks);
+    uint64_t token = 0;
+    CHILD_CHECK(kShmTransport.regionToken(e.tc, mine, stripe * e.nranks, &token), "token");
+    Deadline d(kTimeoutMs);
+    auto sendU64 = [&](int p, uint64_t v) {
+      void* buf = nullptr;
+      size_t cap = 0;
+      while (buf == nullptr && !d.expired()) {
+        if (kShmTransport.sendAcquire(e.tc, p, &buf, &cap) != fuscoSuccess) return false;
+      }
+      if (buf == nullptr) return false;
+      memcpy(buf, &v, sizeof(v));
+      return kShmTransport.sendPost(e.tc, p, 7, sizeof(v)) == fuscoSuccess;
+    };
+    auto recvU64 = [&](int p, uint64_t* v) {
+      const void* in = nullptr;
+      size_t len = 0;
+      uint32_t tag = 0;
+      while (in == nullptr && !d.expired()) {
+        if (kShmTransport.recvPoll(e.tc, p, &in, &len, &tag) != fuscoSuccess) return false;
+        if (in == nullptr) sched_yield();
+      }
+      if (in == nullptr || len != sizeof(*v) || tag != 7) return false;
+      memcpy(v, in, sizeof(*v));
+      return kShmTransport.recvRelease(e.tc, p) == fuscoSuccess;
+    };
+    for (int p : e.peers) CHILD_CHECK(sendU64(p, token), "send token to %d", p);
+    for (int p : e.peers) {
+      uint64_t t = 0;
+      CHILD_CHECK(recvU64(p, &t), "token from %d", p);
+      auto dst = static_cast<uint8_t*>(kShmTransport.peerPointer(e.tc, p, t, stripe * e.nranks));
+      CHILD_CHECK(dst != nullptr, "peerPointer(%d)", p);
+      CHILD_CHECK(kShmTransport.peerPointer(e.tc, p, 16u << 20, 1) == nullptr, "out of bounds");
+      for (size_t i = 0; i < stripe; ++i)
+        dst[e.rank * stripe + i] = static_cast<uint8_t>(e.rank + 1 + i);
+      CHILD_CHECK(sendU64(p, 1), "done to %d", p);
+    }
+    for (int p : e.peers) {
+      uint64_t doneFlag = 0;
+      CHILD_CHECK(recvU64(p, &doneFlag) && doneFlag == 1, "done from %d", p);
+      const uint8_t* s = static_cast<const uint8_t*>(mine) + p * stripe;
+      for (size_t i = 0; i < stripe; ++i)
+        CHILD_CHECK(s[i] == static_cast<uint8_t>(p + 1 + i), "byte %zu of rank %d's stripe", i, p);
+    }
+    CHILD_CHECK(kShmTransport.memFree(e.tc, mine) == fuscoSuccess, "free");
+    return 0;
+  });
+}
+
+// The parent is rank 0 and watches child rank 1 through checkPeer.
+struct WatchedChild {
+  Group g;
+  RankEnv self;
+  Options o;
+
+  bool start(const Body& body) {
+    o.nranks = 2;
+    o.parentIsRank0 = true;
+    if (!g.start(o, body)) return false;
+    buildEnv(&self, 0, g.pids(), o);
+    std::string blob;
+    std::vector<std::string> blobs;
+    return kShmTransport.setup(self.ctx, self.peers, &self.tc, &blob) == fuscoSuccess &&
+           g.exchangeBlobs(blob, &blobs) && kShmTransport.connect(self.tc, blobs) == fuscoSuccess &&
+           g.barrier();
+  }
+  // Polls checkPeer(1) until it fails (at most kTimeoutMs).
+  fuscoResult_t waitForFailure() {
+    Deadline d(kTimeoutMs);
+    fuscoResult_t r = fuscoSuccess;
+    while ((r = kShmTransport.checkPeer(self.tc, 1)) == fuscoSuccess && !d.expired()) usleep(1000);
+    return r;
+  }
+  ~WatchedChild() { kShmTransport.close(self.tc); }
+};
+
+TEST_F(ShmTransport, CheckPeerReportsKilledPeerBeforeAndAfterReaping) {
+  WatchedChild w;
+  ASSERT_TRUE(w.start([](RankEnv& e) { return e.barrier() ? 0 : 1; }));  // blocks until killed
+  EXPECT_EQ(kShmTransport.checkPeer(w.self.tc, 1), fuscoSuccess) << fusco::threadLastError();
+  ASSERT_EQ(kill(w.g.pid(1), SIGKILL), 0);
+  ASSERT_TRUE(w.g.waitZombie(1));  // dead but not reaped: /proc still lists it (state Z)
+  EXPECT_EQ(w.waitForFailure(), fuscoRemoteError);
+  std::string msg = fusco::threadLastError();
+  EXPECT_NE(msg.find("rank 1 (pid " + std::to_string(w.g.pid(1))), std::string::npos) << msg;
+  EXPECT_NE(msg.find("died"), std::string::npos) << msg;
+  EXPECT_EQ(w.g.reapOne(1), -1);
+  EXPECT_EQ(kShmTransport.checkPeer(w.self.tc, 1), fuscoRemoteError);
+  // The dead peer's ring and arena stay mapped: using them must not crash.
+  void* buf = nullptr;
+  size_t cap = 0;
+  EXPECT_EQ(kShmTransport.sendAcquire(w.self.tc, 1, &buf, &cap), fuscoSuccess);
+}
+
+TEST_F(ShmTransport, CheckPeerCountsUnreapedZombieAsDead) {
+  WatchedChild w;
+  ASSERT_TRUE(w.start([](RankEnv&) { return 0; }));  // exits right after connecting
+  ASSERT_TRUE(w.g.waitZombie(1));
+  EXPECT_EQ(kShmTransport.checkPeer(w.self.tc, 1), fuscoRemoteError);
+  EXPECT_NE(fusco::threadLastError().find("died"), std::string::npos) << fusco::threadLastError();
+  EXPECT_EQ(w.g.reapOne(1), 0);
+}
+
+TEST_F(ShmTransport, CheckPeerReportsAbortedPeerWhileItLives) {
+  WatchedChild w;
+  ASSERT_TRUE(w.start([](RankEnv& e) {
+    kShmTransport.markAborted(e.tc, "rank 7 died");
+    kShmTransport.markAborted(e.tc, "second reason");  // idempotent: the first reason stays
+    CHILD_CHECK(e.barrier(), "aborted");
+    CHILD_CHECK(e.barrier(), "parent checked");
+    return 0;
+  }));
+  ASSERT_TRUE(w.g.barrier());
+  EXPECT_EQ(kShmTransport.checkPeer(w.self.tc, 1), fuscoRemoteError);
+  std::string msg = fusco::threadLastError();
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("aborted"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 7 died"), std::string::npos) << msg;  // the first reason travels
+  EXPECT_EQ(msg.find("second reason"), std::string::npos) << msg;
+  EXPECT_TRUE(fusco::processAlive(w.g.pid(1), 0));
+  ASSERT_TRUE(w.g.barrier());
+  std::vector<int> st = w.g.finish();
+  EXPECT_EQ(st[1], 0);
+}
+
+TEST_F(ShmTransport, ConnectToExitedPeerIsSystemErrorNamingIt) {
+  Options o;
+  o.nranks = 2;
+  o.parentIsRank0 = true;
+  o.exitAfterSetup = true;
+  Group g;
+  ASSERT_TRUE(g.start(o, [](RankEnv&) { return 0; }));
+  RankEnv self;
+  buildEnv(&self, 0, g.pids(), o);
+  std::string blob;
+  std::vector<std::string> blobs;
+  ASSERT_EQ(kShmTransport.setup(self.ctx, self.peers, &self.tc, &blob), fuscoSuccess);
+  ASSERT_TRUE(g.exchangeBlobs(blob, &blobs));
+  EXPECT_EQ(g.reapOne(1), 0);  // gone, and its segment with it
+  EXPECT_EQ(kShmTransport.connect(self.tc, blobs), fuscoSystemError);
+  std::string msg = fusco::threadLastError();
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No such file"), std::string::npos) << msg;
+  kShmTransport.markAborted(self.tc, "test");
+  kShmTransport.close(self.tc);  // after a failed connect, with the peer dead
+}
