@@ -395,7 +395,7 @@ int runTcp(const EnvLaunch& e, const LaunchOptions& opts, const RankBody& body) 
   l.launcher = e.launcher;
   int timeoutMs = effectiveTimeoutMs(opts);
   const char* host = envOr("MASTER_ADDR", nullptr);
-  if (host == nullptr && e.nranks > 1 && !e.singleHost) {
+  if (host == nullptr && e.rank > 0 && !e.singleHost) {  // rank 0 serves on every address
     fprintf(stderr,
             "# launcher: rank %d: MASTER_ADDR is not set; export it to rank 0's host name or "
             "address (srun: export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" "
@@ -510,6 +510,13 @@ bool parseSize(const char* s, size_t* out) {
   if (*end != '\0' || (shift > 0 && v > (~0ULL >> shift))) return false;
   *out = static_cast<size_t>(v << shift);
   return true;
+}
+
+const char* launcherInEnvironment() {
+  EnvLaunch e;
+  std::string err;
+  if (!detectEnv(&e, &err)) return "unknown";  // malformed: launchRanks reports it
+  return e.launcher;
 }
 
 int launchRanks(const LaunchOptions& opts, const RankBody& body) {

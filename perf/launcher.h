@@ -9,7 +9,7 @@
 //   3. torchrun (RANK/WORLD_SIZE), srun (SLURM_PROCID/SLURM_NTASKS) or mpirun without MPI: rank 0
 //      gets the id and serves it over TCP at MASTER_ADDR:FUSCO_ID_PORT (default MASTER_PORT+1,
 //      MASTER_PORT default 29500); the others connect with retries until the timeout. MASTER_ADDR
-//      may be left unset only when every rank runs on one host (then 127.0.0.1).
+//      (read by ranks > 0) may be left unset only when every rank runs on one host (127.0.0.1).
 //   4. none of the above: one rank in this process (same as -np 1 without the fork).
 // Nothing here calls exit(); errors come back as a message for main to print.
 #pragma once
@@ -46,6 +46,10 @@ using RankBody = std::function<int(const Launch&)>;
 // parent of forked ranks. A launch error (bad environment, id exchange failed) is printed to
 // stderr with the rank and returns 2.
 int launchRanks(const LaunchOptions& opts, const RankBody& body);
+
+// The launcher found in the environment ("mpirun", "srun", "torchrun"), or nullptr when none is
+// (mode 1 or 4 would run). Used by binaries that re-launch themselves under mpirun.
+const char* launcherInEnvironment();
 
 // Parses "-np N" style integers and sizes with K/M/G suffixes ("64M" = 64 << 20).
 // Return false (and leave *out alone) on a malformed value.

@@ -52,6 +52,13 @@ class OpRunner {
   bool sendDone(int p) const { return sc_[p].msg >= op_.peers[p].sends.size(); }
   bool recvDone(int p) const { return rc_[p].msg >= op_.peers[p].recvs.size(); }
   bool moves(int p) const { return state_[p] == PairState::Ok; }
+  // Still owes this rank something in the current phase (finished peers may exit at will).
+  bool pending(int p) const {
+    if (!involved_[p]) return false;
+    if (!sc_[p].headerSent || !rc_[p].headerSeen) return true;
+    if (inVerdict_ && (!sc_[p].verdictSent || !rc_[p].verdictSeen)) return true;
+    return inData_ && moves(p) && (!sendDone(p) || !recvDone(p));
+  }
 
   Communicator& c_;
   Op& op_;
@@ -65,6 +72,7 @@ class OpRunner {
   std::vector<bool> involved_;
   std::vector<int> order_;  // peers in staggered order: me+1, me+2, ...
   bool failedValidation_ = false;
+  bool inVerdict_ = false, inData_ = false;
 };
 
 fuscoResult_t OpRunner::validationError(fuscoResult_t r, const char* fmt, const std::string& a,
@@ -98,7 +106,7 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
     if (now - lastLive >= livenessNs) {
       lastLive = now;
       for (int p : order_) {
-        if (!involved_[p] || c_.conn(p).ops == nullptr) continue;
+        if (!pending(p) || c_.conn(p).ops == nullptr) continue;
         if (c_.conn(p).ops->checkPeer(c_.conn(p).tc, p) != fuscoSuccess) {
           std::string why = threadLastError();
           return FUSCO_FAIL(fuscoRemoteError, kEngine, "%s: %s during %s", op_.name, why.c_str(), phase);
@@ -112,11 +120,8 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
 
 fuscoResult_t OpRunner::failPending(fuscoResult_t r, const char* phase, const char* why) {
   std::string waiting;
-  for (int p : order_) {
-    if (!involved_[p]) continue;
-    bool pending = !sc_[p].headerSent || !rc_[p].headerSeen || (moves(p) && (!sendDone(p) || !recvDone(p)));
-    if (pending) waiting += (waiting.empty() ? "" : ",") + std::to_string(p);
-  }
+  for (int p : order_)
+    if (pending(p)) waiting += (waiting.empty() ? "" : ",") + std::to_string(p);
   return FUSCO_FAIL(r, kEngine, "%s: %s (%lld ms) during %s; waiting for rank(s) %s", op_.name,
                     why, static_cast<long long>(c_.timeoutMs()), phase,
                     waiting.empty() ? "none" : waiting.c_str());
@@ -262,6 +267,7 @@ fuscoResult_t OpRunner::verdictRound(Verdict* first) {
       break;
     }
   }
+  inVerdict_ = true;
   FUSCO_CHECK(loop("the verdict exchange", [&](bool* progressed, bool* done) -> fuscoResult_t {
     *done = true;
     for (int p : order_) {
@@ -376,6 +382,8 @@ fuscoResult_t OpRunner::dataPhase() {
     const PeerWork& w = op_.peers[me_];
     for (size_t i = 0; i < w.sends.size(); ++i) streamCopy(w.sends[i], 0, w.recvs[i], 0, w.sends[i].bytes());
   }
+  inVerdict_ = false;
+  inData_ = true;
   return loop("the data transfer", [&](bool* progressed, bool* done) -> fuscoResult_t {
     *done = true;
     for (int p : order_) {

@@ -135,19 +135,18 @@ std::string identifyElement(const void* elem, size_t esize, uint64_t seed, int n
   }
   return ::testing::AssertionFailure()
          << what << ": data from rank " << src << " to rank " << dst << ", element "
-         << firstElem + elem << " (of " << count << " checked, " << wrong
-         << " wrong): expected " << hexBytes(expected.data(), esize) << " got "
-         << hexBytes(actual, esize) << " = "
+         << firstElem + elem << " (of " << count << " checked, " << wrong << " wrong): expected "
+         << hexBytes(expected.data(), esize) << " got " << hexBytes(actual, esize) << " = "
          << identifyElement(actual, esize, seed, nranks, firstElem + count + 64);
 }
 
 ::testing::AssertionResult isPoisoned(const void* buf, size_t bytes, const std::string& what) {
   size_t bad = findNotPoison(buf, bytes);
   if (bad == SIZE_MAX) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": byte " << bad << " of " << bytes
-                                       << " was overwritten (expected poison a5, got "
-                                       << hexBytes(static_cast<const uint8_t*>(buf) + bad, 1)
-                                       << ")";
+  return ::testing::AssertionFailure()
+         << what << ": byte " << bad << " of " << bytes
+         << " was overwritten (expected poison a5, got "
+         << hexBytes(static_cast<const uint8_t*>(buf) + bad, 1) << ")";
 }
 
 size_t dtypeSize(fuscoDataType_t t) {
@@ -175,19 +174,32 @@ size_t dtypeSize(fuscoDataType_t t) {
 
 const char* dtypeName(fuscoDataType_t t) {
   switch (t) {
-    case fuscoInt8: return "int8";
-    case fuscoUint8: return "uint8";
-    case fuscoInt32: return "int32";
-    case fuscoUint32: return "uint32";
-    case fuscoInt64: return "int64";
-    case fuscoUint64: return "uint64";
-    case fuscoFloat16: return "float16";
-    case fuscoFloat32: return "float32";
-    case fuscoFloat64: return "float64";
-    case fuscoBfloat16: return "bfloat16";
-    case fuscoFloat8e4m3: return "float8e4m3";
-    case fuscoFloat8e5m2: return "float8e5m2";
-    default: return "invalid";
+    case fuscoInt8:
+      return "int8";
+    case fuscoUint8:
+      return "uint8";
+    case fuscoInt32:
+      return "int32";
+    case fuscoUint32:
+      return "uint32";
+    case fuscoInt64:
+      return "int64";
+    case fuscoUint64:
+      return "uint64";
+    case fuscoFloat16:
+      return "float16";
+    case fuscoFloat32:
+      return "float32";
+    case fuscoFloat64:
+      return "float64";
+    case fuscoBfloat16:
+      return "bfloat16";
+    case fuscoFloat8e4m3:
+      return "float8e4m3";
+    case fuscoFloat8e5m2:
+      return "float8e5m2";
+    default:
+      return "invalid";
   }
 }
 
@@ -250,8 +262,7 @@ void fillSend(const A2avLayout& l, void* sendbuff, uint64_t seed) {
   uint8_t* p = static_cast<uint8_t*>(sendbuff);
   if (l.sendElems > 0) memset(p, kFiller, l.sendElems * l.esize);
   for (int peer = 0; peer < l.nranks; ++peer)
-    fillPayload(p + l.sdispls[peer] * l.esize, seed, l.rank, peer, 0,
-                l.sendcounts[peer] * l.esize);
+    fillPayload(p + l.sdispls[peer] * l.esize, seed, l.rank, peer, 0, l.sendcounts[peer] * l.esize);
 }
 
 void poisonRecv(const A2avLayout& l, void* recvbuff) { poison(recvbuff, l.recvElems * l.esize); }
@@ -260,18 +271,17 @@ void poisonRecv(const A2avLayout& l, void* recvbuff) { poison(recvbuff, l.recvEl
   const uint8_t* p = static_cast<const uint8_t*>(recvbuff);
   std::vector<char> covered(l.recvElems, 0);
   for (int peer = 0; peer < l.nranks; ++peer) {
-    auto r = payloadMatches(p + l.rdispls[peer] * l.esize, l.esize, l.recvcounts[peer], seed, peer,
-                            l.rank, 0, l.nranks,
-                            "rank " + std::to_string(l.rank) + " recv block from peer " +
-                                std::to_string(peer));
+    auto r = payloadMatches(
+        p + l.rdispls[peer] * l.esize, l.esize, l.recvcounts[peer], seed, peer, l.rank, 0, l.nranks,
+        "rank " + std::to_string(l.rank) + " recv block from peer " + std::to_string(peer));
     if (!r) return r;
     for (size_t i = 0; i < l.recvcounts[peer]; ++i) covered[l.rdispls[peer] + i] = 1;
   }
   for (size_t e = 0; e < l.recvElems; ++e) {
     if (covered[e]) continue;
-    auto r = isPoisoned(p + e * l.esize, l.esize,
-                        "rank " + std::to_string(l.rank) + " recv gap element " +
-                            std::to_string(e));
+    auto r =
+        isPoisoned(p + e * l.esize, l.esize,
+                   "rank " + std::to_string(l.rank) + " recv gap element " + std::to_string(e));
     if (!r) return r;
   }
   return ::testing::AssertionSuccess();
@@ -283,13 +293,12 @@ void poisonRecv(const A2avLayout& l, void* recvbuff) { poison(recvbuff, l.recvEl
   std::vector<uint8_t> recv(std::max<size_t>(1, l.recvElems * l.esize));
   fillSend(l, send.data(), seed);
   poisonRecv(l, recv.data());
-  fuscoResult_t r =
-      fuscoAllToAllv(send.data(), l.sendcounts.data(), l.sdispls.data(), recv.data(),
-                     l.recvcounts.data(), l.rdispls.data(), datatype, comm, nullptr);
+  fuscoResult_t r = fuscoAllToAllv(send.data(), l.sendcounts.data(), l.sdispls.data(), recv.data(),
+                                   l.recvcounts.data(), l.rdispls.data(), datatype, comm, nullptr);
   if (r != fuscoSuccess)
-    return ::testing::AssertionFailure() << "rank " << l.rank << ": fuscoAllToAllv -> "
-                                         << fuscoGetErrorString(r) << ": "
-                                         << fuscoGetLastError(comm);
+    return ::testing::AssertionFailure()
+           << "rank " << l.rank << ": fuscoAllToAllv -> " << fuscoGetErrorString(r) << ": "
+           << fuscoGetLastError(comm);
   return checkRecv(l, recv.data(), seed);
 }
 

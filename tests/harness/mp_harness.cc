@@ -65,12 +65,12 @@ void sendText(int fd, const std::string& text) {
 // parent had installed when it forked (e.g. EXPECT_NONFATAL_FAILURE around runRanks).
 class PipeReporter : public ::testing::ScopedFakeTestPartResultReporter {
  public:
-  PipeReporter(int fd, InterceptMode mode) : ScopedFakeTestPartResultReporter(mode, &unused_), fd_(fd) {}
+  PipeReporter(int fd, InterceptMode mode)
+      : ScopedFakeTestPartResultReporter(mode, &unused_), fd_(fd) {}
   void ReportTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;  // successes and skips carry nothing the parent needs
     std::ostringstream os;
-    os << (r.file_name() ? r.file_name() : "?") << ":" << r.line_number() << ": "
-       << r.message();
+    os << (r.file_name() ? r.file_name() : "?") << ":" << r.line_number() << ": " << r.message();
     std::lock_guard<std::mutex> g(gSendMu);
     if (++gFailures > kMaxSent) return;
     sendText(fd_, os.str());
@@ -88,16 +88,15 @@ void sendLocked(int fd, const std::string& text) {
 
 struct Child {
   pid_t pid = -1;
-  int fd = -1;        // read end of this rank's failure pipe
-  std::string buf;    // bytes read so far
+  int fd = -1;      // read end of this rank's failure pipe
+  std::string buf;  // bytes read so far
   bool done = false;
   bool timedOut = false;
   int status = 0;
 };
 
 [[noreturn]] void runChild(int rank, int n, const fuscoUniqueId& id, int wfd, pid_t parent,
-                           const std::function<void(const RankCtx&)>& body,
-                           const MpOptions& opt) {
+                           const std::function<void(const RankCtx&)>& body, const MpOptions& opt) {
   // Die with the test process (a killed ctest must not leave ranks behind).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(97);
@@ -109,9 +108,10 @@ struct Child {
   if (rank != 0) fusco::bootstrapReleaseId(id);
   int code = 0;
   {
-    PipeReporter allThreads(wfd, ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS);
-    PipeReporter mainThread(wfd,
-                            ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD);
+    PipeReporter allThreads(wfd,
+                            ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS);
+    PipeReporter mainThread(
+        wfd, ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD);
     RankCtx ctx{rank, n, id};
     try {
       body(ctx);
@@ -312,8 +312,8 @@ fuscoComm_t initComm(const RankCtx& ctx, const fuscoConfig_t* config) {
   if (r != fuscoSuccess || comm == nullptr) {
     GTEST_MESSAGE_AT_(__FILE__, __LINE__,
                       (std::string("fuscoCommInitRank(nranks=") + std::to_string(ctx.nranks) +
-                       ", rank=" + std::to_string(ctx.rank) + ") failed: " +
-                       fuscoGetErrorString(r) + ": " + fuscoGetLastError(nullptr))
+                       ", rank=" + std::to_string(ctx.rank) +
+                       ") failed: " + fuscoGetErrorString(r) + ": " + fuscoGetLastError(nullptr))
                           .c_str(),
                       ::testing::TestPartResult::kFatalFailure);
     throw RankAbort{};

@@ -21,9 +21,9 @@ struct RankCtx {
 };
 
 struct MpOptions {
-  int timeoutSec = 60;                                   // parent kills every rank after this and fails
+  int timeoutSec = 60;  // parent kills every rank after this and fails
   std::vector<std::pair<std::string, std::string>> env;  // set in each child before body
-  std::vector<int> mayDie;                               // ranks allowed to exit abnormally (fault tests)
+  std::vector<int> mayDie;  // ranks allowed to exit abnormally (fault tests)
 };
 
 // Forks n rank processes; each runs body(ctx). Gtest assertion failures inside a rank are sent to
@@ -33,9 +33,9 @@ struct MpOptions {
 // Afterwards the parent checks that /dev/shm holds no new entry whose name contains "fusco".
 void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOptions& opt = {});
 
-// Inits a host comm for ctx (fuscoCommInitRankConfig when config is non-NULL). On failure it records
-// a fatal failure naming the result and last error and ends the rank's body (like ASSERT_*: the
-// harness unwinds the body with an internal exception), so callers may use the result directly.
+// Inits a host comm for ctx (fuscoCommInitRankConfig when config is non-NULL). On failure it
+// records a fatal failure naming the result and last error and ends the rank's body (like ASSERT_*:
+// the harness unwinds the body with an internal exception), so callers may use the result directly.
 fuscoComm_t initComm(const RankCtx& ctx, const fuscoConfig_t* config = nullptr);
 
 // Seconds since an arbitrary point (steady clock), for "returns promptly" assertions.
@@ -47,15 +47,15 @@ std::vector<std::string> fuscoShmEntries();
 }  // namespace fusco::test
 
 // Check a fusco call and print the result name and the comm's last error on failure.
-#define FUSCO_EXPECT_OK(comm, call)                                                       \
-  do {                                                                                    \
-    fuscoResult_t fusco_t_r_ = (call);                                                    \
-    EXPECT_EQ(fusco_t_r_, fuscoSuccess) << #call << " -> " << fuscoGetErrorString(fusco_t_r_) \
-                                        << ": " << fuscoGetLastError(comm);               \
+#define FUSCO_EXPECT_OK(comm, call)                                                               \
+  do {                                                                                            \
+    fuscoResult_t fusco_t_r_ = (call);                                                            \
+    EXPECT_EQ(fusco_t_r_, fuscoSuccess)                                                           \
+        << #call << " -> " << fuscoGetErrorString(fusco_t_r_) << ": " << fuscoGetLastError(comm); \
   } while (0)
-#define FUSCO_ASSERT_OK(comm, call)                                                       \
-  do {                                                                                    \
-    fuscoResult_t fusco_t_r_ = (call);                                                    \
-    ASSERT_EQ(fusco_t_r_, fuscoSuccess) << #call << " -> " << fuscoGetErrorString(fusco_t_r_) \
-                                        << ": " << fuscoGetLastError(comm);               \
+#define FUSCO_ASSERT_OK(comm, call)                                                               \
+  do {                                                                                            \
+    fuscoResult_t fusco_t_r_ = (call);                                                            \
+    ASSERT_EQ(fusco_t_r_, fuscoSuccess)                                                           \
+        << #call << " -> " << fuscoGetErrorString(fusco_t_r_) << ": " << fuscoGetLastError(comm); \
   } while (0)

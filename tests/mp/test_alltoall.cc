@@ -155,8 +155,8 @@ TEST(AllToAllLarge, SixtyFourMiBTotalIsBitExact) {
         fuscoConfig_t cfg = testConfig();
         fuscoComm_t comm = initComm(ctx, &cfg);
         const size_t count = (4u << 20) / 4;  // 4 MiB of float32 per peer
-        auto l = makeA2avLayout(fusco::test::uniformCountMatrix(4, count), 4, ctx.rank, 4, seed,
-                                false);
+        auto l =
+            makeA2avLayout(fusco::test::uniformCountMatrix(4, count), 4, ctx.rank, 4, seed, false);
         EXPECT_TRUE(runChecked(comm, l, fuscoFloat32, seed, Mem::Heap, Mem::Heap, true));
         EXPECT_TRUE(runChecked(comm, l, fuscoFloat32, seed + 1, Mem::Arena, Mem::Arena, true));
         FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
@@ -178,11 +178,12 @@ TEST(AllToAllRepeat, ThousandSmallCallsStayCorrect) {
         int failures = 0;
         for (int it = 0; it < 1000 && failures < 3; ++it) {
           const size_t count = 1 + it % 37;
-          auto l = makeA2avLayout(fusco::test::uniformCountMatrix(n, count), n, ctx.rank, 4, 0,
-                                  false);
+          auto l =
+              makeA2avLayout(fusco::test::uniformCountMatrix(n, count), n, ctx.rank, 4, 0, false);
           fusco::test::fillSend(l, send.data(), seed + it);
           fusco::test::poisonRecv(l, recv.data());
-          fuscoResult_t r = fuscoAllToAll(send.data(), recv.data(), count, fuscoUint32, comm, nullptr);
+          fuscoResult_t r =
+              fuscoAllToAll(send.data(), recv.data(), count, fuscoUint32, comm, nullptr);
           if (r != fuscoSuccess) {
             ADD_FAILURE() << "iteration " << it << ": " << fuscoGetErrorString(r) << ": "
                           << fuscoGetLastError(comm);
@@ -226,8 +227,8 @@ TEST(AllToAllvZero, AllZeroCountsWithNullBuffersSucceed) {
     fuscoConfig_t cfg = testConfig();
     fuscoComm_t comm = initComm(ctx, &cfg);
     std::vector<size_t> zeros(3, 0);
-    FUSCO_EXPECT_OK(comm, fuscoAllToAllv(nullptr, zeros.data(), zeros.data(), nullptr,
-                                         zeros.data(), zeros.data(), fuscoInt8, comm, nullptr));
+    FUSCO_EXPECT_OK(comm, fuscoAllToAllv(nullptr, zeros.data(), zeros.data(), nullptr, zeros.data(),
+                                         zeros.data(), fuscoInt8, comm, nullptr));
     auto l = makeA2avLayout(fusco::test::randomCountMatrix(9, 3, 100, 0), 3, ctx.rank, 1, 9, true);
     EXPECT_TRUE(runChecked(comm, l, fuscoInt8, 9, Mem::Heap, Mem::Heap, false));
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
@@ -251,9 +252,9 @@ TEST(AllToAllvZero, RanksThatSendOrReceiveNothingMayPassNull) {
     fusco::test::poisonRecv(l, recv.data());
     const void* sp = ctx.rank == 1 ? nullptr : send.data();
     void* rp = ctx.rank == 2 ? nullptr : recv.data();
-    FUSCO_EXPECT_OK(comm, fuscoAllToAllv(sp, l.sendcounts.data(), l.sdispls.data(), rp,
-                                         l.recvcounts.data(), l.rdispls.data(), fuscoBfloat16,
-                                         comm, nullptr));
+    FUSCO_EXPECT_OK(
+        comm, fuscoAllToAllv(sp, l.sendcounts.data(), l.sdispls.data(), rp, l.recvcounts.data(),
+                             l.rdispls.data(), fuscoBfloat16, comm, nullptr));
     if (rp) {
       EXPECT_TRUE(fusco::test::checkRecv(l, recv.data(), 77));
     }
@@ -279,14 +280,14 @@ TEST_P(AllToAllvTypes, EveryDatatypeMovesBitExact) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Types, AllToAllvTypes,
-    ::testing::Values(fuscoInt8, fuscoUint8, fuscoInt32, fuscoUint32, fuscoInt64, fuscoUint64,
-                      fuscoFloat16, fuscoFloat32, fuscoFloat64, fuscoBfloat16, fuscoFloat8e4m3,
-                      fuscoFloat8e5m2),
-    [](const ::testing::TestParamInfo<fuscoDataType_t>& i) {
-      return std::string(fusco::test::dtypeName(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Types, AllToAllvTypes,
+                         ::testing::Values(fuscoInt8, fuscoUint8, fuscoInt32, fuscoUint32,
+                                           fuscoInt64, fuscoUint64, fuscoFloat16, fuscoFloat32,
+                                           fuscoFloat64, fuscoBfloat16, fuscoFloat8e4m3,
+                                           fuscoFloat8e5m2),
+                         [](const ::testing::TestParamInfo<fuscoDataType_t>& i) {
+                           return std::string(fusco::test::dtypeName(i.param));
+                         });
 
 TEST(AllToAllvMemory, ArenaRegisteredAndHeapBuffersInEveryMix) {
   const uint64_t seed = fusco::test::testSeed();
@@ -316,8 +317,8 @@ TEST(AllToAllvLayouts, ChangingLayoutEveryCallStaysCorrect) {
       const uint64_t s = seed + it;
       auto counts = fusco::test::randomCountMatrix(s, 3, it % 10 == 0 ? 20000 : 200, 30);
       auto l = makeA2avLayout(counts, 3, ctx.rank, it % 2 ? 2 : 4, s, it % 3 != 0);
-      auto ok = runChecked(comm, l, it % 2 ? fuscoFloat16 : fuscoInt32, s, Mem::Heap, Mem::Heap,
-                           false);
+      auto ok =
+          runChecked(comm, l, it % 2 ? fuscoFloat16 : fuscoInt32, s, Mem::Heap, Mem::Heap, false);
       if (!ok) {
         ADD_FAILURE() << "iteration " << it << ": " << ok.message();
         break;

@@ -32,8 +32,7 @@ bool isPeerError(fuscoResult_t r) { return r == fuscoInvalidUsage || r == fuscoR
 
 // "rank 2", "Rank 2", "peer 2", "rank=2", "rank #2".
 bool namesRank(const std::string& msg, int r) {
-  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])",
-                std::regex::icase);
+  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])", std::regex::icase);
   return std::regex_search(msg, re);
 }
 
@@ -104,7 +103,8 @@ TEST(BadInput, NullBuffersOnEveryRankAreInvalidArgumentEverywhere) {
   runRanks(3, [](const RankCtx& ctx) {
     fuscoConfig_t cfg = badInputConfig();
     fuscoComm_t comm = initComm(ctx, &cfg);
-    Timed t = timed([&] { return fuscoAllToAll(nullptr, nullptr, 16, fuscoFloat32, comm, nullptr); });
+    Timed t =
+        timed([&] { return fuscoAllToAll(nullptr, nullptr, 16, fuscoFloat32, comm, nullptr); });
     EXPECT_EQ(t.r, fuscoInvalidArgument) << fuscoGetLastError(comm);
     EXPECT_LT(t.sec, kPromptSec);
     EXPECT_STRNE(fuscoGetLastError(comm), "");
@@ -162,8 +162,8 @@ TEST(BadInput, InvalidDatatypeOnOneRankFailsEveryRank) {
     fuscoComm_t comm = initComm(ctx, &cfg);
     std::vector<uint8_t> send(3 * 64, 1), recv(3 * 64);
     Timed t = timed([&] {
-      return fuscoAllToAll(send.data(), recv.data(), 8,
-                           ctx.rank == 0 ? fuscoNumTypes : fuscoInt32, comm, nullptr);
+      return fuscoAllToAll(send.data(), recv.data(), 8, ctx.rank == 0 ? fuscoNumTypes : fuscoInt32,
+                           comm, nullptr);
     });
     expectOneRankBad(comm, ctx.rank, 0, t, "invalid datatype on rank 0");
     expectUsable(comm, ctx, 17, "invalid datatype on one rank");
@@ -177,9 +177,8 @@ TEST(BadInput, StreamOnHostCommIsInvalidArgument) {
     fuscoComm_t comm = initComm(ctx, &cfg);
     std::vector<uint8_t> send(3 * 64, 1), recv(3 * 64);
     int fakeStream = 0;
-    Timed t = timed([&] {
-      return fuscoAllToAll(send.data(), recv.data(), 16, fuscoUint8, comm, &fakeStream);
-    });
+    Timed t = timed(
+        [&] { return fuscoAllToAll(send.data(), recv.data(), 16, fuscoUint8, comm, &fakeStream); });
     EXPECT_EQ(t.r, fuscoInvalidArgument) << fuscoGetLastError(comm);
     EXPECT_LT(t.sec, kPromptSec);
     expectUsable(comm, ctx, 18, "a stream on every rank");
@@ -216,9 +215,9 @@ TEST(BadInput, MismatchedAllToAllvCountsFailEveryRank) {
       if (ctx.rank == 0 || ctx.rank == 2) {
         EXPECT_EQ(t.r, fuscoInvalidUsage) << "round " << round << ": " << msg;
       } else {
-        EXPECT_TRUE(isPeerError(t.r)) << "round " << round << ": a rank outside the mismatched "
-                                      << "pair got " << fuscoGetErrorString(t.r) << " (" << msg
-                                      << ")";
+        EXPECT_TRUE(isPeerError(t.r))
+            << "round " << round << ": a rank outside the mismatched "
+            << "pair got " << fuscoGetErrorString(t.r) << " (" << msg << ")";
       }
       EXPECT_FALSE(msg.empty()) << "round " << round;
       expectUsable(comm, ctx, 30 + round, "mismatched counts");
@@ -261,8 +260,8 @@ void runBadInit(int n, const std::function<void(const RankCtx&, int*, int*)>& ar
     args(ctx, &nranks, &rank);
     fuscoComm_t comm = nullptr;
     Timed t = timed([&] { return fuscoCommInitRankConfig(&comm, nranks, ctx.id, rank, &cfg); });
-    EXPECT_LT(t.sec, kPromptSec) << "init (nranks " << nranks << ", rank " << rank
-                                 << ") took " << t.sec << " s -> " << fuscoGetErrorString(t.r);
+    EXPECT_LT(t.sec, kPromptSec) << "init (nranks " << nranks << ", rank " << rank << ") took "
+                                 << t.sec << " s -> " << fuscoGetErrorString(t.r);
     EXPECT_NE(t.r, fuscoSuccess) << "init (nranks " << nranks << ", rank " << rank
                                  << ") succeeded in a broken job";
     EXPECT_STRNE(fuscoGetLastError(nullptr), "");
@@ -288,11 +287,14 @@ TEST(BadInit, ZeroOrNegativeNranksIsInvalidArgument) {
 TEST(BadInit, RankOutOfRangeFailsEveryRankPromptly) {
   for (int bad : {3, -1}) {
     runBadInit(
-        3, [bad](const RankCtx& ctx, int*, int* rank) { if (ctx.rank == 2) *rank = bad; },
+        3,
+        [bad](const RankCtx& ctx, int*, int* rank) {
+          if (ctx.rank == 2) *rank = bad;
+        },
         [bad](const RankCtx& ctx, fuscoResult_t r) {
           if (ctx.rank == 2) {
-            EXPECT_EQ(r, fuscoInvalidArgument) << "rank " << bad << " of 3: "
-                                               << fuscoGetLastError(nullptr);
+            EXPECT_EQ(r, fuscoInvalidArgument)
+                << "rank " << bad << " of 3: " << fuscoGetLastError(nullptr);
           }
         });
   }
@@ -300,7 +302,10 @@ TEST(BadInit, RankOutOfRangeFailsEveryRankPromptly) {
 
 TEST(BadInit, RanksDisagreeingOnNranksGetInvalidUsage) {
   runBadInit(
-      3, [](const RankCtx& ctx, int* nranks, int*) { if (ctx.rank == 1) *nranks = 4; },
+      3,
+      [](const RankCtx& ctx, int* nranks, int*) {
+        if (ctx.rank == 1) *nranks = 4;
+      },
       [](const RankCtx& ctx, fuscoResult_t r) {
         EXPECT_EQ(r, fuscoInvalidUsage) << fuscoGetLastError(nullptr);
       });
@@ -308,7 +313,10 @@ TEST(BadInit, RanksDisagreeingOnNranksGetInvalidUsage) {
 
 TEST(BadInit, DuplicateRankGetsInvalidUsage) {
   runBadInit(
-      3, [](const RankCtx& ctx, int*, int* rank) { if (ctx.rank == 2) *rank = 1; },
+      3,
+      [](const RankCtx& ctx, int*, int* rank) {
+        if (ctx.rank == 2) *rank = 1;
+      },
       [](const RankCtx& ctx, fuscoResult_t r) {
         EXPECT_EQ(r, fuscoInvalidUsage) << fuscoGetLastError(nullptr);
       });
@@ -320,9 +328,8 @@ TEST(BadInit, IdNotMadeByGetUniqueIdIsInvalidArgument) {
     fuscoUniqueId zero;
     memset(&zero, 0, sizeof(zero));
     fuscoComm_t comm = nullptr;
-    Timed t = timed([&] {
-      return fuscoCommInitRankConfig(&comm, ctx.nranks, zero, ctx.rank, &cfg);
-    });
+    Timed t =
+        timed([&] { return fuscoCommInitRankConfig(&comm, ctx.nranks, zero, ctx.rank, &cfg); });
     EXPECT_EQ(t.r, fuscoInvalidArgument) << fuscoGetLastError(nullptr);
     EXPECT_EQ(comm, nullptr);
     EXPECT_LT(t.sec, kPromptSec);

@@ -1,7 +1,6 @@
-// Communicator life cycle across real rank processes: init/destroy, queries, node maps, two comms at
-// once, memory allocation and registration, abort and the async error.
+// Communicator life cycle across real rank processes: init/destroy, queries, node maps, two comms
+// at once, memory allocation and registration, abort and the async error.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstring>
@@ -145,8 +144,8 @@ TEST(CommInit, TwoCommsAliveAtOnceDoNotMix) {
     memset(&id2, 0, sizeof(id2));
     if (ctx.rank == 0) FUSCO_ASSERT_OK(nullptr, fuscoGetUniqueId(&id2));
     std::vector<fuscoUniqueId> out(n, id2), in(n);
-    FUSCO_ASSERT_OK(a, fuscoAllToAll(out.data(), in.data(), sizeof(fuscoUniqueId), fuscoUint8,
-                                     a, nullptr));
+    FUSCO_ASSERT_OK(
+        a, fuscoAllToAll(out.data(), in.data(), sizeof(fuscoUniqueId), fuscoUint8, a, nullptr));
     const int r2 = (n - ctx.rank) % n;
     RankCtx ctx2{r2, n, in[0]};
     fuscoComm_t b = initComm(ctx2, &cfg);
@@ -187,8 +186,8 @@ TEST(CommMemory, MemAllocGivesWritableMemoryAndFreesIt) {
       // Every live allocation keeps its own bytes (no overlap between allocations).
       for (size_t i = 0; i < ptrs.size(); ++i) {
         size_t bytes = sizes[i % 5];
-        EXPECT_EQ(fusco::test::findPayloadMismatch(ptrs[i], 7, ctx.rank, static_cast<int>(i / 5),
-                                                   0, bytes),
+        EXPECT_EQ(fusco::test::findPayloadMismatch(ptrs[i], 7, ctx.rank, static_cast<int>(i / 5), 0,
+                                                   bytes),
                   SIZE_MAX)
             << "allocation " << i << " of " << bytes << " bytes was overwritten";
       }

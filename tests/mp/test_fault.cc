@@ -1,10 +1,9 @@
 // Faults: a rank killed before or during a call, a rank that never arrives at init, an abort from
 // another thread. Survivors must get fuscoRemoteError or fuscoTimeout within the timeout plus a
 // margin, with a message naming the dead rank; nothing hangs and nothing is left in /dev/shm.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
 #include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "harness/data_gen.h"
 #include "core/params.h"
+#include "harness/data_gen.h"
 #include "harness/mp_harness.h"
 
 namespace {
@@ -38,8 +37,7 @@ fuscoConfig_t faultConfig(int timeoutMs = kTimeoutMs) {
 }
 
 bool namesRank(const std::string& msg, int r) {
-  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])",
-                std::regex::icase);
+  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])", std::regex::icase);
   return std::regex_search(msg, re);
 }
 
@@ -56,8 +54,8 @@ void expectSurvivorSawDeath(fuscoComm_t comm, fuscoResult_t r, double sec, int d
   EXPECT_EQ(fuscoCommGetAsyncError(comm, &async), fuscoSuccess);
   EXPECT_NE(async, fuscoSuccess) << "a comm whose peer died must report an async error";
   double t0 = nowSec();
-  EXPECT_EQ(fuscoCommDestroy(comm), fuscoSuccess) << "destroy after a peer died: "
-                                                  << fuscoGetLastError(nullptr);
+  EXPECT_EQ(fuscoCommDestroy(comm), fuscoSuccess)
+      << "destroy after a peer died: " << fuscoGetLastError(nullptr);
   EXPECT_LT(nowSec() - t0, 5.0) << "destroy must not wait for the dead peer";
 }
 
@@ -71,8 +69,8 @@ TEST(FaultKill, PeerKilledBeforeLargeAllToAllFailsEverySurvivor) {
         fuscoConfig_t cfg = faultConfig();
         fuscoComm_t comm = initComm(ctx, &cfg);
         // One good call first, so every connection is up.
-        auto small = makeA2avLayout(fusco::test::uniformCountMatrix(4, 100), 4, ctx.rank, 4, 1,
-                                    false);
+        auto small =
+            makeA2avLayout(fusco::test::uniformCountMatrix(4, 100), 4, ctx.rank, 4, 1, false);
         ASSERT_TRUE(fusco::test::allToAllvRoundTrip(comm, small, fuscoInt32, 1));
         if (ctx.rank == 3) {
           usleep(300 * 1000);
@@ -81,7 +79,8 @@ TEST(FaultKill, PeerKilledBeforeLargeAllToAllFailsEverySurvivor) {
         const size_t count = 1 << 20;  // 4 MiB of float32 per peer
         std::vector<float> send(4 * count, 1.0f), recv(4 * count);
         double t0 = nowSec();
-        fuscoResult_t r = fuscoAllToAll(send.data(), recv.data(), count, fuscoFloat32, comm, nullptr);
+        fuscoResult_t r =
+            fuscoAllToAll(send.data(), recv.data(), count, fuscoFloat32, comm, nullptr);
         expectSurvivorSawDeath(comm, r, nowSec() - t0, 3);
       },
       opt);
@@ -105,7 +104,8 @@ TEST(FaultKill, PeerKilledDuringALoopOfCallsFailsEverySurvivor) {
         }
         const size_t count = 256 * 1024;  // 1 MiB per peer
         std::vector<uint8_t> send(3 * count * 4), recv(3 * count * 4);
-        auto l = makeA2avLayout(fusco::test::uniformCountMatrix(3, count), 3, ctx.rank, 4, 7, false);
+        auto l =
+            makeA2avLayout(fusco::test::uniformCountMatrix(3, count), 3, ctx.rank, 4, 7, false);
         fusco::test::fillSend(l, send.data(), 7);
         const double start = nowSec();
         for (int it = 0; nowSec() - start < 60; ++it) {
@@ -135,8 +135,8 @@ TEST(FaultKill, PeerKilledBetweenSmallCallsFailsTheNextCall) {
         fuscoComm_t comm = initComm(ctx, &cfg);
         for (int it = 0; it < 200; ++it) {
           if (ctx.rank == 2 && it == 50) raise(SIGKILL);
-          auto l = makeA2avLayout(fusco::test::uniformCountMatrix(3, 16), 3, ctx.rank, 4, it,
-                                  false);
+          auto l =
+              makeA2avLayout(fusco::test::uniformCountMatrix(3, 16), 3, ctx.rank, 4, it, false);
           std::vector<uint8_t> send(l.sendElems * 4), recv(l.recvElems * 4);
           fusco::test::fillSend(l, send.data(), it);
           fusco::test::poisonRecv(l, recv.data());
@@ -259,7 +259,8 @@ std::vector<std::string> failuresOf(const std::function<void()>& fn) {
   }
   std::vector<std::string> out;
   for (int i = 0; i < results.size(); ++i)
-    if (results.GetTestPartResult(i).failed()) out.push_back(results.GetTestPartResult(i).message());
+    if (results.GetTestPartResult(i).failed())
+      out.push_back(results.GetTestPartResult(i).message());
   return out;
 }
 
@@ -323,7 +324,8 @@ TEST(MpHarness, RankInMayDieMayBeKilled) {
   opt.mayDie = {1};
   auto f = failuresOf([&] {
     runRanks(
-        2, [](const RankCtx& ctx) {
+        2,
+        [](const RankCtx& ctx) {
           if (ctx.rank == 1) raise(SIGKILL);
         },
         opt);
@@ -337,7 +339,8 @@ TEST(MpHarness, HungRankIsKilledAtTheTimeout) {
   double t0 = nowSec();
   auto f = failuresOf([&] {
     runRanks(
-        2, [](const RankCtx& ctx) {
+        2,
+        [](const RankCtx& ctx) {
           if (ctx.rank == 0) sleep(30);
         },
         opt);

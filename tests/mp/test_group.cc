@@ -197,9 +197,11 @@ TEST_P(PointToPoint, PairwiseSendRecvOutsideAGroup) {
         fusco::test::poison(recv.data(), recv.size());
         for (int phase = 0; phase < 2; ++phase) {
           if ((phase == 0) == even) {
-            FUSCO_EXPECT_OK(comm, fuscoSend(send.data(), count, fuscoUint32, partner, comm, nullptr));
+            FUSCO_EXPECT_OK(comm,
+                            fuscoSend(send.data(), count, fuscoUint32, partner, comm, nullptr));
           } else {
-            FUSCO_EXPECT_OK(comm, fuscoRecv(recv.data(), count, fuscoUint32, partner, comm, nullptr));
+            FUSCO_EXPECT_OK(comm,
+                            fuscoRecv(recv.data(), count, fuscoUint32, partner, comm, nullptr));
           }
         }
         EXPECT_TRUE(fusco::test::payloadMatches(recv.data(), 4, count, seed + count, partner,

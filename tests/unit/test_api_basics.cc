@@ -96,8 +96,8 @@ TEST(ApiBasics, UniqueIdsDiffer) {
 
 TEST(ApiBasics, DataTypeSizeOfEveryType) {
   const std::pair<fuscoDataType_t, size_t> expected[] = {
-      {fuscoInt8, 1},    {fuscoUint8, 1},   {fuscoInt32, 4},     {fuscoUint32, 4},
-      {fuscoInt64, 8},   {fuscoUint64, 8},  {fuscoFloat16, 2},   {fuscoFloat32, 4},
+      {fuscoInt8, 1},    {fuscoUint8, 1},    {fuscoInt32, 4},      {fuscoUint32, 4},
+      {fuscoInt64, 8},   {fuscoUint64, 8},   {fuscoFloat16, 2},    {fuscoFloat32, 4},
       {fuscoFloat64, 8}, {fuscoBfloat16, 2}, {fuscoFloat8e4m3, 1}, {fuscoFloat8e5m2, 1}};
   for (const auto& e : expected) {
     size_t b = 0;

@@ -78,8 +78,8 @@ TEST_F(Params, EmptyEnvironmentValueMeansDefault) {
 
 TEST_F(Params, SizeSuffixesKMGAreBinaryMultiples) {
   const std::pair<const char*, int64_t> cases[] = {
-      {"65536", 65536},          {"64K", 64LL << 10}, {"64k", 64LL << 10}, {"2M", 2LL << 20},
-      {"3m", 3LL << 20},         {"1G", 1LL << 30},   {"4g", 4LL << 30},   {"0x1000", 4096},
+      {"65536", 65536},  {"64K", 64LL << 10}, {"64k", 64LL << 10}, {"2M", 2LL << 20},
+      {"3m", 3LL << 20}, {"1G", 1LL << 30},   {"4g", 4LL << 30},   {"0x1000", 4096},
   };
   for (const auto& c : cases) {
     setenv("FUSCO_CHUNK_BYTES", c.first, 1);
@@ -95,9 +95,9 @@ TEST_F(Params, UnknownNameReadsAsZeroOrEmpty) {
 
 TEST_F(Params, ListHasEveryDocumentedKnobWithOneLineHelp) {
   // API.md "Environment" names these; more are allowed.
-  const char* documented[] = {"FUSCO_DEBUG",         "FUSCO_DEBUG_SUBSYS",  "FUSCO_DEBUG_FILE",
-                              "FUSCO_TIMEOUT_MS",    "FUSCO_LOCAL_SIZE",    "FUSCO_SOCKET_IFNAME",
-                              "FUSCO_NET_DEVICES",   "FUSCO_CHUNK_BYTES",   "FUSCO_PIPELINE_DEPTH",
+  const char* documented[] = {"FUSCO_DEBUG",       "FUSCO_DEBUG_SUBSYS", "FUSCO_DEBUG_FILE",
+                              "FUSCO_TIMEOUT_MS",  "FUSCO_LOCAL_SIZE",   "FUSCO_SOCKET_IFNAME",
+                              "FUSCO_NET_DEVICES", "FUSCO_CHUNK_BYTES",  "FUSCO_PIPELINE_DEPTH",
                               "FUSCO_PLAN_TRACE"};
   auto list = fusco::paramList();
   for (const char* name : documented) EXPECT_NE(find(list, name), nullptr) << name << " missing";

@@ -1,0 +1,688 @@
+// moe_perf: MoE dispatch + combine (PERF.md) in the FUSCO paper's shape, fusco against its
+// baselines in one run:
+//   fusco    fuscoMoePlan + fuscoMoeDispatch + fuscoMoeCombine (expert compute is the identity and
+//            not timed: expertOut = recvX). With --fuse off it runs the unfused pipeline instead.
+//   unfused  Megatron/NCCL style permute -> fuscoAllToAllv -> sort chunks, and the mirror
+//            (moe_baselines.h): same library, same transports.
+//   mpi      the same pipeline over MPI_Alltoallv (builds with MPI, ranks started by mpirun; with
+//            -np N the binary re-launches itself under mpirun when it can).
+//   limit    a plain memcpy of the bytes each rank must move (its dispatch rows, then its combine
+//            rows), in the same run.
+// Contenders run interleaved each iteration, with a barrier (a tiny fuscoAllToAll) before every
+// phase. A phase's time is the slowest rank's; the table shows the median over iterations.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fusco.h"
+#include "launcher.h"
+#include "moe_baselines.h"
+#include "moe_routing.h"
+
+namespace {
+
+using fusco::perf::Launch;
+using namespace fusco::perf;
+
+std::string g_noMpiReason = "built without MPI";  // why the mpi contender cannot run
+
+enum { kFusco = 0, kUnfused = 1, kMpi = 2, kLimit = 3, kNumContenders = 4 };
+const char* const kContenderNames[kNumContenders] = {"fusco", "unfused", "mpi", "limit"};
+const char* const kDedupNames[] = {"auto", "none", "rank", "node"};      // FUSCO_DEDUP_* order
+const char* const kBalanceNames[] = {"auto", "none", "static", "greedy"};  // FUSCO_BALANCE_*
+
+struct Options {
+  size_t hidden = 7168;
+  fuscoDataType_t dtype = fuscoBfloat16;
+  size_t tokens = 4096;
+  int topk = 8;
+  int experts = 256;
+  Pattern pattern = Pattern::Uniform;
+  uint64_t seed = 1;
+  int iters = 5;
+  int warmup = 1;
+  int check = 1;
+  int dedup = FUSCO_DEDUP_AUTO;
+  int balance = FUSCO_BALANCE_AUTO;
+  bool fuse = true;
+  bool replan = true;  // off: plan once and reuse the handle / permutation (steady state)
+  int arena = 1;
+  bool contenders[kNumContenders] = {true, true, true, true};
+  bool mpiLaunch = true;  // --mpi-launch auto: re-launch -np N under mpirun for the mpi contender
+  bool mpiProbe = false;  // internal: check that mpirun can start this binary with MPI
+  const char* jsonPath = nullptr;
+  LaunchOptions launch;
+};
+
+const char* dtypeName(fuscoDataType_t dt) {
+  return dt == fuscoFloat32 ? "fp32" : dt == fuscoFloat16 ? "fp16" : "bf16";
+}
+
+fuscoMoeConfig_t moeConfig(const Options& o) {
+  fuscoMoeConfig_t cfg = FUSCO_MOE_CONFIG_INITIALIZER;
+  cfg.numExperts = o.experts;
+  cfg.dedup = o.dedup;
+  cfg.balance = o.balance;
+  cfg.expertAlignment = 0;  // so recvX has exactly the unfused pipeline's sorted layout
+  return cfg;
+}
+
+void usage(const char* prog) {
+  printf(
+      "usage: %s [options]   (MoE dispatch + combine: fusco vs unfused vs MPI vs memcpy)\n"
+      "  --hidden N          elements per token row (7168)\n"
+      "  --dtype T           bf16 | fp16 | fp32 (bf16)\n"
+      "  --tokens N          tokens per rank (4096)\n"
+      "  --topk K            experts per token (8)\n"
+      "  --experts E         experts in all, contiguous blocks of E/nranks per rank (256)\n"
+      "  --pattern P         uniform | single-node | imbalanced | zipf (uniform; see moe_routing.h)\n"
+      "  --seed S            routing, weights and rows seed (1)\n"
+      "  -n N / -w N         timed / warmup iterations (5 / 1)\n"
+      "  -c 0|1              check every contender's dispatch bytes and combine (1)\n"
+      "  --dedup D           auto | none | rank | node (auto)\n"
+      "  --balance B         auto | none | static | greedy (auto)\n"
+      "  --fuse on|off       off: the fusco contender runs the unfused pipeline (on)\n"
+      "  --replan on|off     plan every iteration, as routing changes every step (on); off:\n"
+      "                      plan once, reuse the handle and the pipelines' permutation\n"
+      "  --contenders LIST   comma list of fusco,unfused,mpi,limit (all available)\n"
+      "  -a 0|1              buffers from fuscoMemAlloc (1) or malloc (0) (1)\n"
+      "  --mpi-launch M      auto | off: with -np N re-launch under mpirun for the mpi contender\n"
+      "  -np N               fork N local ranks (else mpirun / srun / torchrun, else 1 rank)\n"
+      "  -J FILE             append one JSON line per contender to FILE (rank 0)\n"
+      "  -h                  this help\n",
+      prog);
+}
+
+bool parseContenders(const char* v, bool* out) {
+  for (int c = 0; c < kNumContenders; ++c) out[c] = false;
+  std::string list = v;
+  size_t b = 0;
+  while (b <= list.size()) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    std::string name = list.substr(b, e - b);
+    int found = -1;
+    for (int c = 0; c < kNumContenders; ++c)
+      if (name == kContenderNames[c]) found = c;
+    if (found < 0) return false;
+    out[found] = true;
+    b = e + 1;
+  }
+  return true;
+}
+
+bool parseName(const char* v, const char* const* names, int n, int* out) {
+  for (int i = 0; i < n; ++i)
+    if (strcmp(v, names[i]) == 0) return (*out = i), true;
+  return false;
+}
+
+// One option with its value; false on a bad value or an unknown option (*known = false).
+bool parseOption(const std::string& a, const char* v, Options* o, bool* known) {
+  *known = true;
+  int i = 0;
+  if (a == "--hidden") return parseSize(v, &o->hidden) && o->hidden > 0;
+  if (a == "--tokens") return parseSize(v, &o->tokens);
+  if (a == "--topk") return parseInt(v, &o->topk) && o->topk >= 1;
+  if (a == "--experts") return parseInt(v, &o->experts) && o->experts >= 1;
+  if (a == "--seed") return parseInt(v, &i) && (o->seed = static_cast<uint64_t>(i), true);
+  if (a == "-n") return parseInt(v, &o->iters) && o->iters >= 1;
+  if (a == "-w") return parseInt(v, &o->warmup) && o->warmup >= 0;
+  if (a == "-c") return parseInt(v, &o->check) && (o->check == 0 || o->check == 1);
+  if (a == "-a") return parseInt(v, &o->arena) && (o->arena == 0 || o->arena == 1);
+  if (a == "-np") return parseInt(v, &o->launch.np) && o->launch.np >= 1;
+  if (a == "-J") return (o->jsonPath = v), true;
+  if (a == "--pattern") return parsePattern(v, &o->pattern);
+  if (a == "--dedup") return parseName(v, kDedupNames, 4, &o->dedup);
+  if (a == "--balance") return parseName(v, kBalanceNames, 4, &o->balance);
+  if (a == "--contenders") return parseContenders(v, o->contenders);
+  static const char* const kOffOn[] = {"off", "on"};
+  static const char* const kOffAuto[] = {"off", "auto"};
+  if (a == "--fuse") return parseName(v, kOffOn, 2, &i) && ((o->fuse = i != 0), true);
+  if (a == "--replan") return parseName(v, kOffOn, 2, &i) && ((o->replan = i != 0), true);
+  if (a == "--mpi-launch") return parseName(v, kOffAuto, 2, &i) && ((o->mpiLaunch = i != 0), true);
+  if (a == "--dtype") {
+    const char* const names[] = {"bf16", "fp16", "fp32"};
+    const fuscoDataType_t types[] = {fuscoBfloat16, fuscoFloat16, fuscoFloat32};
+    return parseName(v, names, 3, &i) && (o->dtype = types[i], true);
+  }
+  *known = false;
+  return false;
+}
+
+// Returns 0 to run, 1 after -h, 2 on a bad command line (message printed).
+int parseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") return usage(argv[0]), 1;
+    if (a == "--mpi-probe") {
+      o->mpiProbe = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "%s: unknown option or missing value: %s (see -h)\n", argv[0], a.c_str());
+      return 2;
+    }
+    const char* v = argv[++i];
+    bool known = true;
+    if (!parseOption(a, v, o, &known)) {
+      fprintf(stderr, "%s: %s %s (see -h)\n", argv[0], known ? "bad value for" : "unknown option",
+              known ? (a + " " + v).c_str() : a.c_str());
+      return 2;
+    }
+  }
+  if (o->topk > o->experts) {
+    fprintf(stderr, "%s: --topk %d exceeds --experts %d\n", argv[0], o->topk, o->experts);
+    return 2;
+  }
+  return 0;
+}
+
+double nowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Result {  // rank 0's summary of one contender
+  bool ran = false;
+  double plan = 0, dispatch = 0, combine = 0, total = 0, totalMin = 0;
+  int64_t intra = 0, inter = 0, wrong = 0;
+};
+
+class Bench {
+ public:
+  Bench(const Options& o, const Launch& l) : o_(o), l_(l) {}
+  ~Bench();
+  int run();
+
+ private:
+  bool ok(fuscoResult_t r, const char* what);
+  bool pipeOk(bool good, const char* what, const UnfusedPipeline& p);
+  bool setup();
+  bool allocate();
+  void* alloc(size_t bytes);
+  bool barrier();
+  bool allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt);
+  bool runContender(int c, double* t, int64_t* wrong);
+  bool runFusco(double* t, int64_t* wrong);
+  bool runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong);
+  bool runLimit(double* t);
+  int64_t compareDispatch(const char* got, size_t rows) const;
+  int64_t checkCombine() const;
+  bool trafficOf(int c, int64_t* intra, int64_t* inter);
+  bool summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
+                 std::vector<Result>* res);
+  void printHeader(const std::vector<int64_t>& rowsPerRank) const;
+  void printTable(const std::vector<Result>& res) const;
+
+  const Options& o_;
+  const Launch& l_;
+  fuscoComm_t comm_ = nullptr;
+  fuscoMoeHandle_t handle_ = nullptr;
+  int node_ = 0, numNodes_ = 1;
+  std::vector<int> nodeOfRank_;
+  std::vector<int64_t> topkIdx_;
+  std::vector<float> weights_;
+  size_t elem_ = 2, rowBytes_ = 0, recvRows_ = 0, bufRows_ = 0;
+  char *x_ = nullptr, *recvX_ = nullptr, *p_ = nullptr, *q_ = nullptr, *out_ = nullptr;
+  std::vector<void*> owned_;
+  std::unique_ptr<RowExchange> fuscoEx_, mpiEx_;
+  std::unique_ptr<UnfusedPipeline> unfused_, mpi_;
+  bool active_[kNumContenders] = {};
+  FILE* json_ = nullptr;
+};
+
+Bench::~Bench() {
+  if (handle_ != nullptr) fuscoMoeHandleDestroy(handle_);
+  for (void* p : owned_) {
+    if (o_.arena) fuscoMemFree(comm_, p);
+    else free(p);
+  }
+  if (comm_ != nullptr) fuscoCommDestroy(comm_);
+  if (json_ != nullptr) fclose(json_);
+}
+
+bool Bench::ok(fuscoResult_t r, const char* what) {
+  if (r == fuscoSuccess) return true;
+  fprintf(stderr, "# rank %d: %s failed: %s: %s\n", l_.rank, what, fuscoGetErrorString(r),
+          fuscoGetLastError(comm_));
+  return false;
+}
+
+bool Bench::pipeOk(bool good, const char* what, const UnfusedPipeline& p) {
+  if (!good) fprintf(stderr, "# rank %d: %s: %s\n", l_.rank, what, p.error().c_str());
+  return good;
+}
+
+void* Bench::alloc(size_t bytes) {
+  void* p = nullptr;
+  bytes = std::max<size_t>(bytes, 64);
+  if (o_.arena) {
+    if (!ok(fuscoMemAlloc(comm_, &p, bytes), "fuscoMemAlloc")) return nullptr;
+  } else if (posix_memalign(&p, 4096, bytes) != 0) {
+    fprintf(stderr, "# rank %d: cannot allocate %zu bytes\n", l_.rank, bytes);
+    return nullptr;
+  }
+  owned_.push_back(p);
+  return p;
+}
+
+bool Bench::allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt) {
+  size_t tb = 0;
+  fuscoDataTypeSize(dt, &tb);
+  std::vector<char> s(count * tb * l_.nranks);
+  for (int p = 0; p < l_.nranks; ++p) memcpy(&s[p * count * tb], mine, count * tb);
+  return ok(fuscoAllToAll(s.data(), all, count, dt, comm_, nullptr), "fuscoAllToAll");
+}
+
+bool Bench::barrier() {
+  int64_t one = 1;
+  std::vector<int64_t> all(l_.nranks);
+  return allToAllSame(&one, all.data(), 1, fuscoInt64);
+}
+
+// Comm, node map, routing, weights, token rows, the pipelines; then the buffers.
+bool Bench::setup() {
+  if (!ok(fuscoCommInitRank(&comm_, l_.nranks, l_.id, l_.rank), "fuscoCommInitRank")) return false;
+  int localRank = 0, localSize = 1;
+  if (!ok(fuscoCommNodeInfo(comm_, &node_, &numNodes_, &localRank, &localSize), "NodeInfo"))
+    return false;
+  nodeOfRank_.resize(l_.nranks);
+  if (!allToAllSame(&node_, nodeOfRank_.data(), 1, fuscoInt32)) return false;
+  RoutingShape rs;
+  rs.nranks = l_.nranks;
+  rs.numExperts = o_.experts;
+  rs.topk = o_.topk;
+  rs.tokens = o_.tokens;
+  rs.seed = o_.seed;
+  rs.pattern = o_.pattern;
+  rs.nodeOfRank = nodeOfRank_;
+  makeRouting(rs, l_.rank, &topkIdx_);
+  makeWeights(o_.seed, l_.rank, o_.tokens * o_.topk, &weights_);
+  fuscoDataTypeSize(o_.dtype, &elem_);
+  rowBytes_ = o_.hidden * elem_;
+  fuscoEx_ = makeFuscoExchange(comm_, l_.nranks);
+  unfused_.reset(new UnfusedPipeline(fuscoEx_.get(), l_.rank, l_.nranks, o_.experts, o_.topk,
+                                     o_.tokens));
+#ifdef FUSCO_HAVE_MPI
+  if (l_.mpi) {
+    mpiEx_ = makeMpiExchange(l_.nranks);
+    mpi_.reset(new UnfusedPipeline(mpiEx_.get(), l_.rank, l_.nranks, o_.experts, o_.topk,
+                                   o_.tokens));
+  }
+#endif
+  for (int c = 0; c < kNumContenders; ++c) active_[c] = o_.contenders[c];
+  if (active_[kMpi] && !mpi_) active_[kMpi] = false;
+  return allocate();
+}
+
+// One untimed plan of each kind sizes the buffers: x (tokens rows), recvX (fusco's receive rows),
+// P and Q (max of the pipeline's send and receive rows, reused by every pipeline and the limit),
+// out (tokens rows). Every contender reuses them.
+bool Bench::allocate() {
+  fuscoMoeConfig_t cfg = moeConfig(o_);
+  if (!ok(fuscoMoePlan(&handle_, comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
+          "fuscoMoePlan") ||
+      !ok(fuscoMoeGetRecvCounts(handle_, &recvRows_, nullptr), "fuscoMoeGetRecvCounts") ||
+      !pipeOk(unfused_->plan(topkIdx_.data()), "unfused plan", *unfused_) ||
+      (mpi_ && !pipeOk(mpi_->plan(topkIdx_.data()), "mpi plan", *mpi_)))
+    return false;
+  bufRows_ = std::max(unfused_->sendRows(), unfused_->recvRows());
+  x_ = static_cast<char*>(alloc(o_.tokens * rowBytes_));
+  recvX_ = static_cast<char*>(alloc(recvRows_ * rowBytes_));
+  p_ = static_cast<char*>(alloc(bufRows_ * rowBytes_));
+  q_ = static_cast<char*>(alloc(bufRows_ * rowBytes_));
+  out_ = static_cast<char*>(alloc(o_.tokens * rowBytes_));
+  int64_t failed = (x_ && recvX_ && p_ && q_ && out_) ? 0 : 1, all = 0;
+  std::vector<int64_t> v(l_.nranks);
+  if (!allToAllSame(&failed, v.data(), 1, fuscoInt64)) return false;
+  for (int64_t f : v) all += f;
+  if (all != 0) return false;  // every rank stops together
+  fillRows(o_.dtype, o_.hidden, o_.tokens, o_.seed, l_.rank, x_);
+  return true;
+}
+
+bool Bench::runContender(int c, double* t, int64_t* wrong) {
+  switch (c) {
+    case kFusco: return o_.fuse ? runFusco(t, wrong) : runPipeline(*unfused_, t, wrong);
+    case kUnfused: return runPipeline(*unfused_, t, wrong);
+    case kMpi: return runPipeline(*mpi_, t, wrong);
+    default: return runLimit(t);
+  }
+}
+
+// Each phase starts right after a barrier and is timed on its own (the barrier is not in it).
+bool Bench::runFusco(double* t, int64_t* wrong) {
+  const bool plan = o_.replan || wrong != nullptr;
+  if (plan && handle_ != nullptr) fuscoMoeHandleDestroy(handle_), handle_ = nullptr;
+  fuscoMoeConfig_t cfg = moeConfig(o_);
+  if (wrong != nullptr) memset(recvX_, 0xA5, recvRows_ * rowBytes_);
+  if (!barrier()) return false;
+  double t0 = nowMs();
+  if (plan && !ok(fuscoMoePlan(&handle_, comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
+                  "fuscoMoePlan"))
+    return false;
+  t[0] = nowMs() - t0;
+  if (!barrier()) return false;
+  t0 = nowMs();
+  if (!ok(fuscoMoeDispatch(handle_, x_, rowBytes_, recvX_, nullptr), "fuscoMoeDispatch")) return false;
+  t[1] = nowMs() - t0;
+  if (!barrier()) return false;
+  t0 = nowMs();
+  if (!ok(fuscoMoeCombine(handle_, recvX_, o_.dtype, o_.hidden, weights_.data(), out_, nullptr),
+          "fuscoMoeCombine"))
+    return false;
+  t[2] = nowMs() - t0;
+  if (wrong != nullptr) *wrong = checkCombine();
+  return true;
+}
+
+// The unfused pipeline (fusco or MPI exchange). Its dispatch output lands in P, combine reads it
+// from there (through Q) and writes P again as the receive side of the way back.
+bool Bench::runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong) {
+  if (!barrier()) return false;
+  double t0 = nowMs();
+  if ((o_.replan || wrong != nullptr) && !pipeOk(p.plan(topkIdx_.data()), "pipeline plan", p))
+    return false;
+  t[0] = nowMs() - t0;
+  if (!barrier()) return false;
+  t0 = nowMs();
+  if (!pipeOk(p.dispatch(x_, rowBytes_, p_, q_, p_), "pipeline dispatch", p)) return false;
+  t[1] = nowMs() - t0;
+  int64_t bad = wrong != nullptr ? compareDispatch(p_, p.recvRows()) : 0;  // untimed
+  if (!barrier()) return false;
+  t0 = nowMs();
+  if (!pipeOk(p.combine(p_, o_.dtype, o_.hidden, weights_.data(), q_, p_, out_),
+              "pipeline combine", p))
+    return false;
+  t[2] = nowMs() - t0;
+  if (wrong != nullptr) *wrong = bad + checkCombine();
+  return true;
+}
+
+bool Bench::runLimit(double* t) {
+  const size_t s = unfused_->sendRows() * rowBytes_, r = unfused_->recvRows() * rowBytes_;
+  t[0] = 0;
+  if (!barrier()) return false;
+  double t0 = nowMs();
+  memcpy(q_, p_, s);
+  t[1] = nowMs() - t0;
+  if (!barrier()) return false;
+  t0 = nowMs();
+  memcpy(p_, q_, r);
+  t[2] = nowMs() - t0;
+  return true;
+}
+
+// Rows of got that differ from fusco's recvX (same expert-major layout); a count mismatch makes
+// every row wrong.
+int64_t Bench::compareDispatch(const char* got, size_t rows) const {
+  if (rows != recvRows_) {
+    fprintf(stderr, "# rank %d: pipeline receives %zu rows, fusco %zu\n", l_.rank, rows, recvRows_);
+    return static_cast<int64_t>(std::max(rows, recvRows_));
+  }
+  int64_t wrong = 0;
+  for (size_t i = 0; i < rows; ++i) {
+    if (memcmp(got + i * rowBytes_, recvX_ + i * rowBytes_, rowBytes_) == 0) continue;
+    if (wrong++ < 3) fprintf(stderr, "# rank %d: dispatch row %zu differs\n", l_.rank, i);
+  }
+  return wrong;
+}
+
+// Expert compute is the identity, so out[t] should be (sum over valid k of w[t][k]) * x[t],
+// within the rounding of the combine tree (three roundings to dtype at most).
+int64_t Bench::checkCombine() const {
+  const double eps = o_.dtype == fuscoFloat32 ? 1.0 / (1 << 20)
+                     : o_.dtype == fuscoFloat16 ? 1.0 / 2048 : 1.0 / 256;
+  int64_t wrong = 0;
+  for (size_t t = 0; t < o_.tokens; ++t) {
+    double sw = 0;
+    for (int k = 0; k < o_.topk; ++k)
+      if (topkIdx_[t * o_.topk + k] >= 0) sw += weights_[t * o_.topk + k];
+    const char* xr = x_ + t * rowBytes_;
+    const char* orow = out_ + t * rowBytes_;
+    for (size_t j = 0; j < o_.hidden; ++j) {
+      double want = sw * loadElement(o_.dtype, xr, j);
+      double got = loadElement(o_.dtype, orow, j);
+      if (std::fabs(got - want) <= 4 * eps * std::fabs(want) + 1e-6) continue;
+      if (wrong++ < 3)
+        fprintf(stderr, "# rank %d: combine token %zu element %zu: got %g want %g\n", l_.rank, t,
+                j, got, want);
+    }
+  }
+  return wrong;
+}
+
+// Payload bytes this rank put on intra- and inter-node paths (both directions, self excluded).
+bool Bench::trafficOf(int c, int64_t* intra, int64_t* inter) {
+  *intra = *inter = 0;
+  if (c == kLimit) return true;
+  if (c == kFusco && o_.fuse) {
+    fuscoMoeStats_t st;
+    memset(&st, 0, sizeof(st));
+    st.size = sizeof(st);
+    if (!ok(fuscoMoeGetStats(handle_, &st), "fuscoMoeGetStats")) return false;
+    *intra = st.dispatchBytesIntraNode + st.combineBytesIntraNode;
+    *inter = st.dispatchBytesInterNode + st.combineBytesInterNode;
+    return true;
+  }
+  const UnfusedPipeline& p = *unfused_;  // same routing: same counts for every pipeline
+  for (int r = 0; r < l_.nranks; ++r) {
+    if (r == l_.rank) continue;
+    int64_t b = static_cast<int64_t>((p.sendRowsTo()[r] + p.recvRowsFrom()[r]) * rowBytes_);
+    (nodeOfRank_[r] == node_ ? *intra : *inter) += b;
+  }
+  return true;
+}
+
+int Bench::run() {
+  if (!setup()) return 1;
+  int64_t jsonFailed = 0, mine[2] = {static_cast<int64_t>(unfused_->sendRows()),
+                                     static_cast<int64_t>(unfused_->recvRows())};
+  if (l_.rank == 0 && o_.jsonPath != nullptr && (json_ = fopen(o_.jsonPath, "a")) == nullptr) {
+    fprintf(stderr, "# rank 0: cannot open %s: %s\n", o_.jsonPath, strerror(errno));
+    jsonFailed = 1;
+  }
+  std::vector<int64_t> rows(2 * l_.nranks), jf(l_.nranks);
+  if (!allToAllSame(mine, rows.data(), 2, fuscoInt64) ||
+      !allToAllSame(&jsonFailed, jf.data(), 1, fuscoInt64) || jf[0] != 0)
+    return 1;
+  if (l_.rank == 0) printHeader(rows);
+  // Interleaved: fusco, unfused, mpi, limit, fusco, ... so machine noise hits all alike.
+  std::vector<double> times(kNumContenders * o_.iters * 3, 0.0);
+  for (int it = 0; it < o_.warmup + o_.iters; ++it) {
+    for (int c = 0; c < kNumContenders; ++c) {
+      double t[3] = {0, 0, 0};
+      if (active_[c] && !runContender(c, t, nullptr)) return 1;
+      if (it >= o_.warmup)
+        for (int ph = 0; ph < 3; ++ph) times[(c * o_.iters + it - o_.warmup) * 3 + ph] = t[ph];
+    }
+  }
+  std::vector<int64_t> wrong(kNumContenders, 0);
+  if (o_.check) {
+    // recvX must hold the fused dispatch output that the pipelines are compared with.
+    if (!o_.fuse && !ok(fuscoMoeDispatch(handle_, x_, rowBytes_, recvX_, nullptr), "dispatch"))
+      return 1;
+    for (int c : {kFusco, kUnfused, kMpi}) {
+      double t[3];
+      if (active_[c] && !runContender(c, t, &wrong[c])) return 1;
+    }
+  }
+  std::vector<Result> res;
+  if (!summarize(times, wrong, &res)) return 1;
+  if (l_.rank == 0) printTable(res);
+  int64_t bad = 0;
+  for (const Result& r : res) bad += r.wrong;
+  return bad == 0 ? 0 : 1;
+}
+
+// Every rank learns every rank's times, traffic and wrong counts; the phase time of an iteration
+// is the slowest rank's, the figure the median over iterations.
+bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
+                      std::vector<Result>* res) {
+  const int n = l_.nranks, C = kNumContenders;
+  std::vector<double> all(mine.size() * n);
+  if (!allToAllSame(mine.data(), all.data(), mine.size(), fuscoFloat64)) return false;
+  std::vector<int64_t> counts(3 * C), allCounts(3 * C * n);
+  for (int c = 0; c < C; ++c) {
+    if (!trafficOf(c, &counts[3 * c], &counts[3 * c + 1])) return false;
+    counts[3 * c + 2] = wrong[c];
+  }
+  if (!allToAllSame(counts.data(), allCounts.data(), counts.size(), fuscoInt64)) return false;
+  res->assign(C, Result());
+  for (int c = 0; c < C; ++c) {
+    Result& r = (*res)[c];
+    r.ran = active_[c];
+    std::vector<double> ph[3], total;
+    for (int it = 0; it < o_.iters; ++it) {
+      double sum = 0;
+      for (int p = 0; p < 3; ++p) {
+        double m = 0;
+        for (int k = 0; k < n; ++k) m = std::max(m, all[k * mine.size() + (c * o_.iters + it) * 3 + p]);
+        ph[p].push_back(m);
+        sum += m;
+      }
+      total.push_back(sum);
+    }
+    r.plan = median(ph[0]), r.dispatch = median(ph[1]), r.combine = median(ph[2]);
+    r.total = median(total);
+    r.totalMin = *std::min_element(total.begin(), total.end());
+    for (int k = 0; k < n; ++k) {
+      r.intra += allCounts[k * 3 * C + 3 * c];
+      r.inter += allCounts[k * 3 * C + 3 * c + 1];
+      r.wrong += allCounts[k * 3 * C + 3 * c + 2];
+    }
+  }
+  return true;
+}
+
+void Bench::printHeader(const std::vector<int64_t>& rows) const {
+  int version = 0;
+  fuscoGetVersion(&version);
+  int64_t smin = INT64_MAX, smax = 0, rmin = INT64_MAX, rmax = 0;
+  for (int r = 0; r < l_.nranks; ++r) {
+    smin = std::min(smin, rows[2 * r]), smax = std::max(smax, rows[2 * r]);
+    rmin = std::min(rmin, rows[2 * r + 1]), rmax = std::max(rmax, rows[2 * r + 1]);
+  }
+  printf("# fusco %d.%d.%d moe_perf: %d ranks (%s, %s), %d node(s)\n", version / 10000,
+         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
+         numNodes_);
+  printf("# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
+         "pattern %s seed %llu\n", o_.tokens, o_.hidden, dtypeName(o_.dtype), rowBytes_, o_.topk,
+         o_.experts, o_.experts / l_.nranks, patternName(o_.pattern),
+         static_cast<unsigned long long>(o_.seed));
+  printf("# fusco: dedup %s balance %s fuse %s replan %s expertAlignment 0; buffers (x, recvX, pipeline "
+         "buffers, out): %s\n", kDedupNames[o_.dedup], kBalanceNames[o_.balance],
+         o_.fuse ? "on" : "off (runs the unfused pipeline)",
+         o_.replan ? "every iteration" : "off (plan once, reuse)",
+         o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)" : "malloc (staged)");
+  printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
+         "..%" PRId64 "\n", smin, smax, rmin, rmax);
+  if (o_.contenders[kMpi] && !active_[kMpi])
+    printf("# mpi contender not run: %s\n", g_noMpiReason.c_str());
+  printf("# %d warmup + %d timed iterations, contenders interleaved; phase time = slowest rank, "
+         "median over iterations; total = plan + dispatch + combine (min in brackets)\n",
+         o_.warmup, o_.iters);
+  printf("# limit = memcpy of the rows each rank sends in dispatch, then in combine\n");
+  fflush(stdout);
+}
+
+void Bench::printTable(const std::vector<Result>& res) const {
+  const double logical = 2.0 * o_.tokens * o_.topk * rowBytes_;  // per rank, both directions
+  printf("#%-9s %9s %11s %10s %19s %9s %10s %10s %8s %8s %7s\n", "contender", "plan ms",
+         "dispatch ms", "combine ms", "total ms (min)", "log GB/s", "intra MB", "inter MB",
+         "vs unf", "vs mpi", "#wrong");
+  for (int c = 0; c < kNumContenders; ++c) {
+    const Result& r = res[c];
+    if (!r.ran) continue;
+    char vs[2][16];
+    for (int b = 0; b < 2; ++b) {
+      const Result& base = res[b == 0 ? kUnfused : kMpi];
+      if (base.ran && r.total > 0) snprintf(vs[b], sizeof(vs[b]), "%.2fx", base.total / r.total);
+      else snprintf(vs[b], sizeof(vs[b]), "-");
+    }
+    char tot[32];
+    snprintf(tot, sizeof(tot), "%.1f (%.1f)", r.total, r.totalMin);
+    const double gbs = r.total > 0 ? logical / r.total / 1e6 : 0;
+    printf(" %-9s %9.2f %11.2f %10.2f %19s %9.2f %10.1f %10.1f %8s %8s %7s\n",
+           kContenderNames[c], r.plan, r.dispatch, r.combine, tot, gbs, r.intra / 1e6,
+           r.inter / 1e6, vs[0], vs[1], o_.check && c != kLimit ? std::to_string(r.wrong).c_str() : "N/A");
+    if (json_ != nullptr)
+      fprintf(json_, "{\"bench\":\"moe_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
+              "\"tokens\":%zu,\"hidden\":%zu,\"dtype\":\"%s\",\"topk\":%d,\"experts\":%d,"
+              "\"pattern\":\"%s\",\"dedup\":\"%s\",\"fuse\":%d,\"replan\":%d,\"arena\":%d,\"iters\":%d,"
+              "\"contender\":\"%s\",\"plan_ms\":%.3f,\"dispatch_ms\":%.3f,\"combine_ms\":%.3f,"
+              "\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,\"intra_bytes\":%lld,"
+              "\"inter_bytes\":%lld,\"checked\":%d,\"wrong\":%lld}\n",
+              static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens,
+              o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.pattern),
+              kDedupNames[o_.dedup], o_.fuse, o_.replan, o_.arena, o_.iters, kContenderNames[c], r.plan,
+              r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
+              static_cast<long long>(r.inter), o_.check, static_cast<long long>(r.wrong));
+  }
+  const Result& f = res[kFusco];
+  for (int b : {kMpi, kUnfused}) {
+    const Result& base = res[b];
+    if (!f.ran || !base.ran || f.total <= 0) continue;
+    printf("# fusco vs %s: %.2fx (plan + dispatch + combine; dispatch + combine alone: %.2fx)\n",
+           kContenderNames[b], base.total / f.total,
+           (base.dispatch + base.combine) / (f.dispatch + f.combine));
+  }
+  if (f.ran && res[kLimit].ran && f.dispatch > 0)
+    printf("# fused dispatch vs memcpy limit: %.2f (combine: %.2f)\n",
+           res[kLimit].dispatch / f.dispatch, res[kLimit].combine / f.combine);
+  if (o_.check) {
+    int64_t bad = 0;
+    for (const Result& r : res) bad += r.wrong;
+    printf("# check: %s\n", bad == 0 ? "OK (dispatch bytes identical, combine within tolerance)"
+                                      : "FAILED");
+  }
+  fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  int rc = parseArgs(argc, argv, &o);
+  if (rc != 0) return rc == 1 ? 0 : rc;
+  if (o.mpiProbe) return launchRanks(o.launch, [](const Launch& l) { return l.mpi ? 0 : 3; });
+#ifdef FUSCO_HAVE_MPI
+  const char* env = launcherInEnvironment();
+  if (env == nullptr && o.launch.np > 0 && o.contenders[kMpi] && o.mpiLaunch) {
+    relaunchUnderMpirun(argc, argv, o.launch.np, &g_noMpiReason);  // returns only on failure
+    fprintf(stderr, "# moe_perf: %s; forking %d ranks without the mpi contender\n",
+            g_noMpiReason.c_str(), o.launch.np);
+  } else if (env == nullptr) {
+    g_noMpiReason = o.mpiLaunch ? "not launched by mpirun" : "--mpi-launch off";
+  } else {
+    g_noMpiReason = std::string("ranks started by ") + env + ", not mpirun";
+  }
+#endif
+  return launchRanks(o.launch, [&o](const Launch& l) {
+    Bench b(o, l);
+    return b.run();
+  });
+}
