@@ -40,6 +40,7 @@ struct TransportContext {
   int depth = 0;           // slots per direction per peer
   int64_t timeoutMs = 0;
   uint64_t commTag = 0;    // unique per communicator (from the unique id's secret)
+  std::string netDevices;  // inter-node devices (rails), comma separated; "": the transport's choice
 };
 
 struct TransportComm;  // a transport's per-communicator state, opaque to the engine

@@ -21,7 +21,6 @@ void checkStream(const fuscoComm_t comm, void* stream, const char* fn, ArgCheck*
 fuscoResult_t runChecked(Op& op, const ArgCheck& a, fuscoComm_t comm) {
   op.argStatus = a.status;
   op.argError = a.message;
-  InFlight f(comm);
   return runOp(*comm->impl, op);
 }
 

@@ -1,3 +1,5 @@
+#include <sched.h>
+
 #include <mutex>
 #include <set>
 
@@ -19,9 +21,22 @@ void registerComm(fuscoComm_t comm) {
 }
 
 void unregisterComm(fuscoComm_t comm) {
-  std::lock_guard<std::mutex> g(gCommsMu);
-  liveComms().erase(comm);
+  {
+    std::lock_guard<std::mutex> g(gCommsMu);
+    liveComms().erase(comm);
+  }
+  // Calls still inside this comm (another thread, woken by an abort) leave within one poll.
+  while (comm->impl->activeCalls.load() > 0) sched_yield();
 }
+
+bool pinComm(fuscoComm_t comm) {
+  std::lock_guard<std::mutex> g(gCommsMu);
+  if (liveComms().count(comm) == 0) return false;
+  comm->impl->activeCalls++;
+  return true;
+}
+
+void unpinComm(fuscoComm_t comm) { comm->impl->activeCalls--; }
 
 bool commIsLive(fuscoComm_t comm) {
   std::lock_guard<std::mutex> g(gCommsMu);
@@ -38,7 +53,7 @@ fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
 }
 
 void noteResult(fuscoComm_t comm, fuscoResult_t r) {
-  if (r == fuscoSuccess || !commIsLive(comm)) return;
+  if (r == fuscoSuccess || !commIsLive(comm)) return;  // the caller's pin keeps it alive
   comm->impl->lastError = threadLastError();
 }
 

@@ -19,8 +19,13 @@ struct fuscoComm {
 namespace fusco {
 
 void registerComm(fuscoComm_t comm);
+// Removes comm from the registry (no new call can pin it), then waits for pinned calls to leave.
 void unregisterComm(fuscoComm_t comm);
 bool commIsLive(fuscoComm_t comm);
+// Pins a live comm for the duration of a call so fuscoCommAbort from another thread cannot free it
+// underneath; false if comm is not live.
+bool pinComm(fuscoComm_t comm);
+void unpinComm(fuscoComm_t comm);
 // fuscoInvalidArgument unless comm is a live communicator.
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn);
 // Records the thread's last error on the communicator after a failed call.
@@ -31,6 +36,11 @@ template <typename Body>
 fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
   fuscoResult_t r;
   clearThreadLastError();
+  struct Pin {
+    fuscoComm_t c;
+    explicit Pin(fuscoComm_t comm) : c(comm != nullptr && pinComm(comm) ? comm : nullptr) {}
+    ~Pin() { if (c) unpinComm(c); }
+  } pin(comm);
   try {
     r = body();
   } catch (const std::bad_alloc&) {
@@ -43,15 +53,6 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
   noteResult(comm, r);
   return r;
 }
-
-// Counts a call as in flight so fuscoCommAbort can wait for it to leave before freeing.
-struct InFlight {
-  explicit InFlight(fuscoComm_t c) : comm(c) { comm->impl->activeCalls++; }
-  ~InFlight() { comm->impl->activeCalls--; }
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-  fuscoComm_t comm;
-};
 
 // An argument problem found on this rank. It is recorded in the engine Op and reported after
 // the call's first exchange, so peers learn about it instead of waiting.

@@ -1,6 +1,4 @@
 // Communicator entry points: ids, init/destroy/abort, queries, memory and registration.
-#include <sched.h>
-
 #include "api/api_internal.h"
 #include "core/bootstrap.h"
 #include "core/log.h"
@@ -98,9 +96,7 @@ fuscoResult_t fuscoCommAbort(fuscoComm_t comm) {
     FUSCO_CHECK(checkComm(comm, "fuscoCommAbort"));
     comm->impl->requestAbort();
     comm->impl->markBroken(fuscoInvalidUsage, "the communicator was aborted");
-    // Blocked calls notice the abort within one poll of their wait loop.
-    while (comm->impl->activeCalls.load() > 0) sched_yield();
-    unregisterComm(comm);
+    unregisterComm(comm);  // waits for blocked calls, which notice the abort within one poll
     delete comm;
     return fuscoSuccess;
   });

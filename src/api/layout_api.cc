@@ -92,7 +92,6 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     op.validateOnly = true;
     op.argStatus = a.status;
     op.argError = a.message;
-    InFlight f(comm);
     FUSCO_CHECK(runOp(*comm->impl, op));
     *layout = l.release();
     return fuscoSuccess;
@@ -117,7 +116,6 @@ fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t l
       for (auto& w : op.peers) w.sends.clear(), w.recvs.clear();
     op.argStatus = a.status;
     op.argError = a.message;
-    InFlight f(comm);
     return runOp(*comm->impl, op);
   });
 }

@@ -66,7 +66,6 @@ fuscoResult_t exchange(fuscoComm_t comm, const char* name, const ArgCheck& a,
       op.peers[p].recvs.push_back(recvs[p]);
     }
   }
-  InFlight f(comm);
   return runOp(*comm->impl, op);
 }
 
@@ -92,6 +91,20 @@ fuscoResult_t exchangeMeta(fuscoComm_t comm, const ArgCheck& a, const MoeSendPla
     r[p] = RowStream::flat((*metaFrom)[p].data(), theirSizes[p] * sizeof(int32_t));
   }
   return exchange(comm, "fuscoMoePlan (metadata)", a, s, r);
+}
+
+// Each receiver tells each source where that source's rows land (its fan rows), so dispatch can
+// write the final rows directly when the receiver's buffer is reachable.
+fuscoResult_t exchangeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a) {
+  int n = comm->impl->nranks();
+  std::vector<RowStream> s(n), r(n);
+  h.remoteFanRows.assign(n, {});
+  for (int p = 0; p < n; ++p) {
+    s[p] = RowStream::flat(h.recv.fanRows[p].data(), h.recv.fanRows[p].size() * sizeof(int64_t));
+    h.remoteFanRows[p].resize(h.send.kSlots[p].size());
+    r[p] = RowStream::flat(h.remoteFanRows[p].data(), h.remoteFanRows[p].size() * sizeof(int64_t));
+  }
+  return exchange(comm, "fuscoMoePlan (fan rows)", a, s, r);
 }
 
 // Index of weight (t, k) for every fan-out entry of every row sent to each rank.
@@ -138,7 +151,17 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
     if (a.status == fuscoSuccess) h->send = planSend(h->shape, c.rank(), topkIdx, numTokens, topk, h->dedup);
     std::vector<std::vector<int32_t>> metaFrom;
     FUSCO_CHECK(exchangeMeta(comm, a, h->send, &metaFrom));
-    FUSCO_CHECK(planRecv(h->shape, c.rank(), metaFrom, &h->recv));
+    // A receive plan that fails (malformed metadata) still takes part in the last exchange, so
+    // the other ranks fail promptly too.
+    ArgCheck b;
+    if (planRecv(h->shape, c.rank(), metaFrom, &h->recv) != fuscoSuccess) {
+      b.status = fuscoRemoteError;
+      b.message = threadLastError();
+      h->recv = MoeRecvPlan();
+      h->recv.fanStart.assign(c.nranks(), {});
+      h->recv.fanRows.assign(c.nranks(), {});
+    }
+    FUSCO_CHECK(exchangeFanRows(comm, *h, b));
     buildWeightIndex(*h);
     if (topkIdx != nullptr) h->topkIdx.assign(topkIdx, topkIdx + numTokens * topk);
     if (paramInt("FUSCO_PLAN_TRACE") != 0)

@@ -1,5 +1,10 @@
 // fuscoMoeDispatch and fuscoMoeCombine: one engine operation for dispatch, two for combine
 // (routing weights to the expert side, then one partial row per (token, rank) back).
+//
+// Dispatch writes each row straight into its final expert-major rows: in the receiver's buffer
+// when it can be mapped (the sender knows the receiver's fan rows from the plan), else through a
+// staging slot that the receiver scatters. Combine computes each partial row at the expert rank
+// directly into the slot (or the source's landing buffer), never into a buffer of its own.
 #include <cstring>
 #include <vector>
 
@@ -12,6 +17,8 @@ using namespace fusco;
 
 namespace {
 
+enum ScratchSlot { kLandingScratch = 1 };
+
 struct Traffic {
   size_t intraRows = 0, interRows = 0, intraBytes = 0, interBytes = 0;
   void add(const Communicator& c, int peer, size_t rows, size_t bytes) {
@@ -22,7 +29,7 @@ struct Traffic {
 };
 
 fuscoResult_t runMoeOp(fuscoMoeHandle& h, const char* name, const ArgCheck& a,
-                       const std::vector<RowStream>& sends, const std::vector<RowStream>& recvs) {
+                       const std::vector<PeerWork>& work, bool agreed = false) {
   Communicator& c = *h.comm->impl;
   Op op(c.nranks());
   op.name = name;
@@ -30,13 +37,8 @@ fuscoResult_t runMoeOp(fuscoMoeHandle& h, const char* name, const ArgCheck& a,
   op.collective = true;
   op.argStatus = a.status;
   op.argError = a.message;
-  if (a.status == fuscoSuccess) {
-    for (int p = 0; p < c.nranks(); ++p) {
-      op.peers[p].sends.push_back(sends[p]);
-      op.peers[p].recvs.push_back(recvs[p]);
-    }
-  }
-  InFlight f(h.comm);
+  op.agreed = agreed;
+  if (a.status == fuscoSuccess) op.peers = work;
   return runOp(c, op);
 }
 
@@ -46,28 +48,54 @@ size_t rowsToSend(const fuscoMoeHandle& h) {
   return n;
 }
 
-// Expert side: one weighted partial per received row, summed over its experts in k order.
-void reducePartials(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t rowOut, size_t hidden) {
-  int n = h.shape.nranks;
-  std::vector<const void*> ptrs;
-  for (int s = 0; s < n; ++s) {
-    size_t rows = h.recv.rowsFrom(s);
-    h.partials[s].resize(rows * rowOut);
-    for (size_t i = 0; i < rows; ++i) {
-      uint32_t b = h.recv.fanStart[s][i], e = h.recv.fanStart[s][i + 1];
-      ptrs.clear();
-      for (uint32_t f = b; f < e; ++f)
-        ptrs.push_back(static_cast<const char*>(expertOut) + h.recv.fanRows[s][f] * rowOut);
-      weightedSumRows(dt, hidden, ptrs.data(), h.recvWeights[s].data() + b, e - b,
-                      h.partials[s].data() + i * rowOut);
+// Produces bytes of the partial rows for one source: row i = weighted sum (k order) of the
+// expert outputs of its fan rows. Slices may cut rows; a cut on an element boundary computes
+// just those columns, any other cut goes through one temporary row.
+struct PartialSource {
+  const fuscoMoeHandle* h;
+  int src;
+  const char* expertOut;
+  fuscoDataType_t dt;
+  size_t hidden, rowOut, elem;
+  mutable std::vector<const void*> ptrs;
+  mutable std::vector<char> tmp;
+
+  void columns(size_t row, size_t col0, size_t ncols, void* dst) const {
+    uint32_t b = h->recv.fanStart[src][row], e = h->recv.fanStart[src][row + 1];
+    ptrs.clear();
+    for (uint32_t f = b; f < e; ++f)
+      ptrs.push_back(expertOut + h->recv.fanRows[src][f] * rowOut + col0 * elem);
+    weightedSumRows(dt, ncols, ptrs.data(), h->recvWeights[src].data() + b, e - b, dst);
+  }
+
+  static void produce(const void* ctx, size_t off, size_t len, void* dst) {
+    const PartialSource& p = *static_cast<const PartialSource*>(ctx);
+    char* d = static_cast<char*>(dst);
+    for (size_t at = 0; at < len;) {
+      size_t row = (off + at) / p.rowOut, inRow = (off + at) - row * p.rowOut;
+      size_t n = std::min(p.rowOut - inRow, len - at);
+      if (inRow % p.elem == 0 && n % p.elem == 0) {
+        p.columns(row, inRow / p.elem, n / p.elem, d + at);
+      } else {
+        p.tmp.resize(p.rowOut);
+        p.columns(row, 0, p.hidden, p.tmp.data());
+        memcpy(d + at, p.tmp.data() + inRow, n);
+      }
+      at += n;
     }
   }
+};
+
+// out = the fixed tree's sum of rows (one level). A single term needs no arithmetic.
+void sumLevel(fuscoDataType_t dt, size_t hidden, const std::vector<const void*>& rows, void* out) {
+  if (rows.size() == 1) canonicalCopyRow(dt, hidden, rows[0], out);
+  else sumRows(dt, hidden, rows.data(), rows.size(), out);
 }
 
 // Source side: out[t] = sum over nodes (ascending) of sum over the node's ranks (ascending) of
 // the token's partial from that rank. In NONE mode the partial is formed here from the raw rows.
-void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size_t rowOut,
-              size_t hidden, const float* weights, void* out) {
+void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size_t rowOut, size_t hidden,
+              const float* weights, const std::vector<char*>& landing, void* out) {
   const NodeMap& nodes = c.nodes();
   int n = h.shape.nranks;
   std::vector<size_t> cursor(n, 0);
@@ -83,14 +111,14 @@ void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size
         size_t& cur = cursor[r];
         if (cur >= rows.size() || rows[cur] != static_cast<int64_t>(t)) continue;
         if (h.dedup != Dedup::None) {
-          rankPtrs.push_back(h.landing[r].data() + cur * rowOut);
+          rankPtrs.push_back(landing[r] + cur * rowOut);
           ++cur;
           continue;
         }
         rowPtrs.clear();
         w.clear();
         for (; cur < rows.size() && rows[cur] == static_cast<int64_t>(t); ++cur) {
-          rowPtrs.push_back(h.landing[r].data() + cur * rowOut);
+          rowPtrs.push_back(landing[r] + cur * rowOut);
           uint8_t k = h.send.kSlots[r][h.send.kStart[r][cur]];
           w.push_back(weights ? weights[t * h.topk + k] : 1.0f);
         }
@@ -100,53 +128,70 @@ void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size
       }
       if (rankPtrs.empty()) continue;
       char* dst = nodeScratch.data() + node * rowOut;
-      sumRows(dt, hidden, rankPtrs.data(), rankPtrs.size(), dst);
+      sumLevel(dt, hidden, rankPtrs, dst);
       nodePtrs.push_back(dst);
     }
     char* o = static_cast<char*>(out) + t * rowOut;
     if (nodePtrs.empty()) memset(o, 0, rowOut);
-    else sumRows(dt, hidden, nodePtrs.data(), nodePtrs.size(), o);
+    else sumLevel(dt, hidden, nodePtrs, o);
   }
 }
 
-fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
-                      const float* topkWeights, void* out, ArgCheck& a) {
+// Routing weights to the expert side (ones when the caller passes none, so every rank ships the
+// same shape of message whatever its peers passed).
+fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const ArgCheck& a, Traffic* traffic) {
   Communicator& c = *h.comm->impl;
   int n = c.nranks();
-  size_t rowOut = hidden * dataTypeSize(dt);
-  std::vector<RowStream> s(n), r(n);
-  Traffic traffic;
-  h.partials.resize(n);
-  h.landing.resize(n);
   std::vector<float> ones;
-  if (h.dedup != Dedup::None) {
-    // Weights to the expert side (ones when the caller passes none, so every rank ships the same
-    // shape of message whatever its peers passed).
-    const float* w = topkWeights;
-    if (w == nullptr) {
-      ones.assign(h.numTokens * h.topk, 1.0f);
-      w = ones.data();
-    }
-    h.recvWeights.resize(n);
-    for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-      s[p] = RowStream::indexed(w, sizeof(float), h.weightIdx[p].data(), h.weightIdx[p].size());
-      h.recvWeights[p].resize(h.recv.fanRows[p].size());
-      r[p] = RowStream::flat(h.recvWeights[p].data(), h.recvWeights[p].size() * sizeof(float));
-      traffic.add(c, p, 0, h.weightIdx[p].size() * sizeof(float));
-    }
-    FUSCO_CHECK(runMoeOp(h, "fuscoMoeCombine (weights)", a, s, r));
-    reducePartials(h, expertOut, dt, rowOut, hidden);
+  const float* w = topkWeights;
+  if (w == nullptr) {
+    ones.assign(h.numTokens * h.topk, 1.0f);
+    w = ones.data();
   }
+  std::vector<PeerWork> work(n);
+  h.recvWeights.resize(n);
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    work[p].sends.push_back(RowStream::indexed(w, sizeof(float), h.weightIdx[p].data(), h.weightIdx[p].size()));
+    h.recvWeights[p].resize(h.recv.fanRows[p].size());
+    work[p].recvs.push_back(RowStream::flat(h.recvWeights[p].data(), h.recvWeights[p].size() * sizeof(float)));
+    traffic->add(c, p, 0, h.weightIdx[p].size() * sizeof(float));
+  }
+  return runMoeOp(h, "fuscoMoeCombine (weights)", a, work);
+}
+
+fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                      const float* topkWeights, void* out, const ArgCheck& a) {
+  Communicator& c = *h.comm->impl;
+  int n = c.nranks();
+  const size_t elem = dataTypeSize(dt), rowOut = hidden * elem;
+  Traffic traffic;
+  if (h.dedup != Dedup::None) FUSCO_CHECK(shipWeights(h, topkWeights, a, &traffic));
+  // Landing rows for what comes back, in the communicator's scratch (peers write it directly).
+  std::vector<char*> landing(n, nullptr);
+  size_t total = 0;
+  for (int p = 0; p < n; ++p) total += h.send.rows[p].size() * rowOut;
+  char* base = nullptr;
+  if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kLandingScratch, total, &base));
+  std::vector<PartialSource> sources(n);
+  std::vector<PeerWork> work(n);
+  size_t at = 0;
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
     size_t back = h.recv.rowsFrom(p);
-    if (h.dedup != Dedup::None) s[p] = RowStream::flat(h.partials[p].data(), back * rowOut);
-    else s[p] = RowStream::indexed(expertOut, rowOut, h.recv.fanRows[p].data(), back);
-    h.landing[p].resize(h.send.rows[p].size() * rowOut);
-    r[p] = RowStream::flat(h.landing[p].data(), h.landing[p].size());
+    if (h.dedup != Dedup::None) {
+      sources[p] = PartialSource{&h, p, static_cast<const char*>(expertOut), dt, hidden, rowOut, elem, {}, {}};
+      work[p].sends.push_back(RowStream::produced(rowOut, back, &PartialSource::produce, &sources[p]));
+    } else {
+      work[p].sends.push_back(RowStream::indexed(expertOut, rowOut, h.recv.fanRows[p].data(), back));
+    }
+    landing[p] = base + at;
+    size_t bytes = h.send.rows[p].size() * rowOut;
+    work[p].recvs.push_back(RowStream::flat(landing[p], bytes));
+    at += bytes;
     traffic.add(c, p, back, back * rowOut);
   }
-  FUSCO_CHECK(runMoeOp(h, "fuscoMoeCombine", a, s, r));
-  finalSum(h, c, dt, rowOut, hidden, topkWeights, out);
+  // After the weights exchange every rank knows the call is valid everywhere.
+  FUSCO_CHECK(runMoeOp(h, "fuscoMoeCombine", a, work, h.dedup != Dedup::None));
+  finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, out);
   h.stats.combineBytesIntraNode = traffic.intraBytes;
   h.stats.combineBytesInterNode = traffic.interBytes;
   return fuscoSuccess;
@@ -172,16 +217,23 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     if (recvX == nullptr && h.recv.numRecvRows > 0)
       a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", h.recv.numRecvRows);
     int n = c.nranks();
-    std::vector<RowStream> s(n), r(n);
+    std::vector<PeerWork> work(n);
     Traffic traffic;
     for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-      s[p] = RowStream::indexed(x, rowBytes, h.send.rows[p].data(), h.send.rows[p].size());
-      r[p] = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[p].data(), h.recv.fanRows[p].data(), h.recv.rowsFrom(p));
-      traffic.add(c, p, h.send.rows[p].size(), h.send.rows[p].size() * rowBytes);
+      const size_t rows = h.send.rows[p].size();
+      work[p].sends.push_back(RowStream::indexed(x, rowBytes, h.send.rows[p].data(), rows));
+      work[p].remoteDst.push_back(
+          RowStream::fanOut(nullptr, rowBytes, h.send.kStart[p].data(), h.remoteFanRows[p].data(), rows));
+      RowStream r = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[p].data(), h.recv.fanRows[p].data(),
+                                      h.recv.rowsFrom(p));
+      r.layoutShared = true;
+      r.extent = h.recv.numRecvRows * rowBytes;
+      work[p].recvs.push_back(r);
+      traffic.add(c, p, rows, rows * rowBytes);
     }
     if (a.status == fuscoSuccess)
       for (int64_t row : h.recv.paddingRows) memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
-    FUSCO_CHECK(runMoeOp(h, "fuscoMoeDispatch", a, s, r));
+    FUSCO_CHECK(runMoeOp(h, "fuscoMoeDispatch", a, work));
     h.stats.dispatchRowsIntraNode = traffic.intraRows;
     h.stats.dispatchRowsInterNode = traffic.interRows;
     h.stats.dispatchBytesIntraNode = traffic.intraBytes;

@@ -18,7 +18,8 @@ struct fuscoMoeHandle {
   std::vector<int64_t> topkIdx;                     // [numTokens * topk] host copy
   std::vector<std::vector<int64_t>> weightIdx;      // [nranks] t*topk+k per fan-out entry sent
   std::vector<std::vector<float>> recvWeights;      // [nranks] weights per fan-out entry received
-  std::vector<std::vector<char>> partials;          // [nranks] combine: partial rows to send back
-  std::vector<std::vector<char>> landing;           // [nranks] combine: rows received back
+  // [nranks] where the rows this rank sends to r land in r's recvX (r's fan rows for them, in
+  // the CSR shape send.kStart[r]), so dispatch can write final rows straight into r's buffer.
+  std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
 };

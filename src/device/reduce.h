@@ -46,4 +46,8 @@ void weightedSumRows(fuscoDataType_t dt, size_t hidden, const void* const* rows,
 // out[j] = round_dt( ((0 + x0[j]) + x1[j]) + ... ) in row order, fp32 accumulation.
 void sumRows(fuscoDataType_t dt, size_t hidden, const void* const* rows, size_t m, void* out);
 
+// out = sumRows over the single row src, without arithmetic: a copy in which -0 becomes +0 (the
+// only value round_dt(0 + x) changes; NaN payloads are already quiet in rows this library made).
+void canonicalCopyRow(fuscoDataType_t dt, size_t hidden, const void* src, void* out);
+
 }  // namespace fusco

@@ -34,6 +34,10 @@ void forPieces(const RowStream& s, size_t off, size_t len, Fn fn) {
 
 void gatherBytes(const RowStream& s, size_t off, size_t len, void* dst) {
   char* d = static_cast<char*>(dst);
+  if (s.produce != nullptr) {
+    if (len) s.produce(s.produceCtx, off, len, d);
+    return;
+  }
   if (s.contiguous()) {
     memcpy(d, s.base + off, len);
     return;
@@ -71,7 +75,7 @@ void streamCopy(const RowStream& src, size_t srcOff, const RowStream& dst, size_
     scatterBytes(dst, dstOff, len, src.base + srcOff);
     return;
   }
-  // Both sides indexed: walk the destination's pieces and gather each from the source.
+  // Both sides indexed (or a produced source): walk the destination's pieces and gather each from the source.
   forPieces(dst, dstOff, len, [&](size_t row, size_t inRow, size_t n, size_t at) {
     if (dst.fanStart == nullptr) {
       gatherBytes(src, srcOff + at, n, rowAddr(dst, row) + inRow);

@@ -6,6 +6,10 @@
 //
 // A stream may also fan out (receive side of MoE dispatch): row i is then written to every row
 // fanRows[fanStart[i] .. fanStart[i+1]) of base, and read from the first of them.
+//
+// A send-side stream may instead be produced: its bytes are computed on demand by `produce`
+// (combine computes each partial row straight into the slot or the peer's buffer, so the
+// partials never exist as a buffer of their own). Produced streams are read-only.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +24,19 @@ struct RowStream {
   size_t nrows = 0;
   const uint32_t* fanStart = nullptr;  // [nrows + 1] when the stream fans out
   const int64_t* fanRows = nullptr;
+  // Writes bytes [off, off + len) of the stream to dst.
+  void (*produce)(const void* ctx, size_t off, size_t len, void* dst) = nullptr;
+  const void* produceCtx = nullptr;
+  // Bytes from base that the stream may touch (for a receiver offering its buffer to a peer that
+  // knows the layout); 0: bytes() when contiguous, else unknown.
+  size_t extent = 0;
+  // Receive side: the sender was told this stream's layout (rows / fan-out) and may write the
+  // final rows itself when it can map this buffer (one copy).
+  bool layoutShared = false;
 
   size_t bytes() const { return nrows * rowBytes; }
-  bool contiguous() const { return rows == nullptr && fanStart == nullptr; }
+  bool contiguous() const { return rows == nullptr && fanStart == nullptr && produce == nullptr; }
+  size_t extentBytes() const { return extent ? extent : (contiguous() ? bytes() : 0); }
   static RowStream flat(const void* p, size_t bytes) {
     RowStream s;
     s.base = static_cast<char*>(const_cast<void*>(p));
@@ -36,6 +50,15 @@ struct RowStream {
     s.rowBytes = rowBytes;
     s.rows = rows;
     s.nrows = nrows;
+    return s;
+  }
+  static RowStream produced(size_t rowBytes, size_t nrows,
+                            void (*fn)(const void*, size_t, size_t, void*), const void* ctx) {
+    RowStream s;
+    s.rowBytes = rowBytes;
+    s.nrows = nrows;
+    s.produce = fn;
+    s.produceCtx = ctx;
     return s;
   }
   static RowStream fanOut(void* p, size_t rowBytes, const uint32_t* fanStart,

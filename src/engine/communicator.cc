@@ -1,5 +1,6 @@
 #include "engine/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,6 +45,7 @@ bool splitBlobs(const std::string& in, size_t count, std::vector<std::string>* p
 
 fuscoResult_t Communicator::resolveOptions(const CommOptions& o) {
   ctx_.memType = o.memType;
+  ctx_.netDevices = !o.netDevices.empty() ? o.netDevices : paramString("FUSCO_NET_DEVICES");
   ctx_.timeoutMs = o.timeoutMs > 0 ? o.timeoutMs : paramInt("FUSCO_TIMEOUT_MS");
   if (ctx_.timeoutMs <= 0) ctx_.timeoutMs = 300000;
   int64_t chunk = o.chunkBytes ? static_cast<int64_t>(o.chunkBytes) : paramInt("FUSCO_CHUNK_BYTES");
@@ -179,7 +181,23 @@ fuscoResult_t Communicator::connectTransports() {
   return fuscoSuccess;
 }
 
+fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
+  auto& sc = scratch_[slot];
+  if (sc.second < bytes || sc.first == nullptr) {
+    if (sc.first != nullptr) FUSCO_CHECK(memFree(sc.first));
+    sc = {nullptr, 0};
+    size_t grow = std::max(bytes, bytes + bytes / 4);  // headroom for the next, larger call
+    void* p = nullptr;
+    FUSCO_CHECK(memAlloc(grow, &p));
+    sc = {p, grow};
+  }
+  *ptr = static_cast<char*>(sc.first);
+  return fuscoSuccess;
+}
+
 Communicator::~Communicator() {
+  for (auto& kv : scratch_)
+    if (kv.second.first != nullptr) memFree(kv.second.first);
   for (auto& t : transports_) t.first->close(t.second);
   for (auto& kv : plainAllocs_) free(kv.first);
   for (auto& kv : registrations) delete static_cast<char*>(kv.first);

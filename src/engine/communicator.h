@@ -56,6 +56,9 @@ class Communicator {
   fuscoResult_t memFree(void* ptr);
   // Token naming [ptr, ptr+bytes) to peers of `peer`'s transport, if it is peer-reachable.
   bool regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const;
+  // Grow-only scratch memory of this communicator, from memAlloc so peers can write it directly;
+  // kept across calls so no operation pays for fresh pages. One buffer per slot.
+  fuscoResult_t scratch(int slot, size_t bytes, char** ptr);
 
   // Error state. A failure in the middle of moving data breaks the communicator (rings may hold
   // half an operation); every later call fails fast with the original message.
@@ -91,6 +94,7 @@ class Communicator {
   std::string brokenMsg_;
   std::atomic<bool> abortRequested_{false};
   std::map<void*, size_t> plainAllocs_;
+  std::map<int, std::pair<void*, size_t>> scratch_;
 };
 
 }  // namespace fusco

@@ -48,6 +48,7 @@ class OpRunner {
   fuscoResult_t dataPhase();
   fuscoResult_t stepSend(int p, bool* progressed);
   fuscoResult_t stepRecv(int p, bool* progressed);
+  bool directTarget(int p, size_t m, RowStream* dst);
   fuscoResult_t protocolError(int p, const char* what);
   bool sendDone(int p) const { return sc_[p].msg >= op_.peers[p].sends.size(); }
   bool recvDone(int p) const { return rc_[p].msg >= op_.peers[p].recvs.size(); }
@@ -145,11 +146,13 @@ void OpRunner::buildHeaders() {
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
     for (const auto& r : op_.peers[p].recvs) {
       uint64_t token = kStagedToken;
-      if (direct && op_.argStatus == fuscoSuccess && r.contiguous() && r.bytes() > 0 &&
-          !c_.regionToken(p, r.base, r.bytes(), &token))
+      const size_t extent = r.extentBytes();
+      if (direct && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
+          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base, extent, &token))
         token = kStagedToken;
       h.recvBytes.push_back(r.bytes());
       h.recvTokens.push_back(token);
+      h.recvExtents.push_back(r.contiguous() ? extent : (extent | kLayoutSharedBit));
     }
   }
   for (int i = 1; i < n_; ++i) order_.push_back((me_ + i) % n_);
@@ -157,7 +160,7 @@ void OpRunner::buildHeaders() {
   // short header saying so, decided before any header leaves.
   for (int p = 0; p < n_; ++p) {
     const PairHeader& h = mine_[p];
-    size_t need = 64 + 8 * (h.sendBytes.size() + 2 * h.recvBytes.size());
+    size_t need = 64 + 8 * (h.sendBytes.size() + 3 * h.recvBytes.size());
     if (!involved_[p] || need <= c_.chunkBytes()) continue;
     if (op_.argStatus == fuscoSuccess) {
       op_.argStatus = fuscoInvalidArgument;
@@ -172,6 +175,7 @@ void OpRunner::buildHeaders() {
     h.sendBytes.clear();
     h.recvBytes.clear();
     h.recvTokens.clear();
+    h.recvExtents.clear();
   }
 }
 
@@ -312,14 +316,16 @@ fuscoResult_t OpRunner::stepSend(int p, bool* progressed) {
     const RowStream& s = sends[cur.msg];
     const size_t bytes = s.bytes();
     if (bytes == 0) { ++cur.msg; continue; }
-    uint64_t token = theirs_[p].recvTokens[cur.msg];
-    void* dst = token == kStagedToken || pc.ops->peerPointer == nullptr
-                    ? nullptr : pc.ops->peerPointer(pc.tc, p, token, bytes);
-    if (dst != nullptr && cur.off < bytes) {
-      // One copy: source rows straight into the receiver's final buffer, a slice at a time so
+    RowStream dst;
+    const bool direct = directTarget(p, cur.msg, &dst);
+    if (direct && cur.off == 0)
+      FUSCO_TRACE(kEngine, "%s: message %zu (%zu B) to rank %d written directly into its buffer",
+                  op_.name, cur.msg, bytes, p);
+    if (direct && cur.off < bytes) {
+      // One copy: source rows straight into the receiver's final rows, a slice at a time so
       // this rank keeps serving its other peers.
       size_t len = std::min(c_.chunkBytes(), bytes - cur.off);
-      gatherBytes(s, cur.off, len, static_cast<char*>(dst) + cur.off);
+      streamCopy(s, cur.off, dst, cur.off, len);
       cur.off += len;
       *progressed = true;
       --budget;
@@ -329,7 +335,7 @@ fuscoResult_t OpRunner::stepSend(int p, bool* progressed) {
     size_t cap;
     FUSCO_CHECK(pc.ops->sendAcquire(pc.tc, p, &buf, &cap));
     if (buf == nullptr) return fuscoSuccess;
-    if (dst != nullptr) {
+    if (direct) {
       FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagDirectDone, 0));
       ++cur.msg, cur.off = 0;
     } else {
@@ -343,6 +349,28 @@ fuscoResult_t OpRunner::stepSend(int p, bool* progressed) {
     --budget;
   }
   return fuscoSuccess;
+}
+
+// Where message m to peer p can be written directly: the receiver offered its buffer and this
+// rank can map it. The destination is the receiver's contiguous buffer, or its shared layout.
+bool OpRunner::directTarget(int p, size_t m, RowStream* dst) {
+  const PeerConn& pc = c_.conn(p);
+  const PairHeader& t = theirs_[p];
+  if (t.recvTokens[m] == kStagedToken || pc.ops->peerPointer == nullptr) return false;
+  const auto& remote = op_.peers[p].remoteDst;
+  if (t.recvExtents[m] & kLayoutSharedBit) {
+    if (remote.size() <= m || remote[m].nrows == 0) return false;
+    void* base = pc.ops->peerPointer(pc.tc, p, t.recvTokens[m], t.recvExtents[m] & ~kLayoutSharedBit);
+    if (base == nullptr) return false;
+    *dst = remote[m];
+    dst->base = static_cast<char*>(base);
+    return true;
+  }
+  if (t.recvExtents[m] != t.recvBytes[m]) return false;  // receiver is not contiguous
+  void* base = pc.ops->peerPointer(pc.tc, p, t.recvTokens[m], t.recvBytes[m]);
+  if (base == nullptr) return false;
+  *dst = RowStream::flat(base, t.recvBytes[m]);
+  return true;
 }
 
 fuscoResult_t OpRunner::stepRecv(int p, bool* progressed) {
@@ -400,7 +428,7 @@ fuscoResult_t OpRunner::run() {
   buildHeaders();
   FUSCO_CHECK(headerRound());
   checkPairs();
-  if (op_.collective && n_ > 1) {
+  if (op_.collective && !op_.agreed && n_ > 1) {
     Verdict first;
     FUSCO_CHECK(verdictRound(&first));
     if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);

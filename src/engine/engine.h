@@ -25,6 +25,9 @@ enum class OpKind : uint32_t { AllToAll = 1, AllToAllv = 2, Group = 3, Shuffle =
 struct PeerWork {
   std::vector<RowStream> sends;
   std::vector<RowStream> recvs;
+  // Optional, parallel to sends: where each message lands in the peer's receive buffer (base
+  // ignored: offsets from the peer's base), for peers whose receive stream has layoutShared.
+  std::vector<RowStream> remoteDst;
   bool empty() const { return sends.empty() && recvs.empty(); }
 };
 
@@ -33,6 +36,9 @@ struct Op {
   OpKind kind = OpKind::Group;
   bool collective = false;            // every rank takes part (verdict round, all peers)
   bool validateOnly = false;          // check counts pairwise and agree; move no data
+  // Every rank already agreed, earlier in the same API call, that the arguments are valid: a
+  // collective skips its verdict round (pairs are still checked from the headers).
+  bool agreed = false;
   fuscoResult_t argStatus = fuscoSuccess;  // this rank's own argument check
   std::string argError;               // its message
   std::vector<PeerWork> peers;        // [nranks]; peers[rank] are copies to self

@@ -57,6 +57,7 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   putVec(w, h.sendBytes);
   putVec(w, h.recvBytes);
   putVec(w, h.recvTokens);
+  putVec(w, h.recvExtents);
   *len = w.len;
   return w.ok;
 }
@@ -69,7 +70,8 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   h->status = r.pod<int32_t>();
   size_t maxCount = len / sizeof(uint64_t);
   return getVec(r, &h->sendBytes, maxCount) && getVec(r, &h->recvBytes, maxCount) &&
-         getVec(r, &h->recvTokens, maxCount) && h->recvTokens.size() == h->recvBytes.size();
+         getVec(r, &h->recvTokens, maxCount) && getVec(r, &h->recvExtents, maxCount) &&
+         h->recvTokens.size() == h->recvBytes.size() && h->recvExtents.size() == h->recvBytes.size();
 }
 
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len) {

@@ -13,6 +13,9 @@ enum : uint32_t { kTagHeader = 0x48445231, kTagVerdict = 0x56524431, kTagData = 
                   kTagDirectDone = 0x44444e31 };
 
 constexpr uint64_t kStagedToken = ~0ull;
+// Set in a recvExtents entry when the offer is for a shared layout (rows the sender knows), not
+// for a contiguous buffer.
+constexpr uint64_t kLayoutSharedBit = 1ull << 63;
 
 struct PairHeader {
   OpKind kind = OpKind::Group;
@@ -21,6 +24,7 @@ struct PairHeader {
   std::vector<uint64_t> sendBytes;    // what the sender of the header sends to the receiver
   std::vector<uint64_t> recvBytes;    // what it expects from the receiver
   std::vector<uint64_t> recvTokens;   // per expected message: direct-write token or kStagedToken
+  std::vector<uint64_t> recvExtents;  // per expected message: bytes from the token's base it spans
 };
 
 struct Verdict {

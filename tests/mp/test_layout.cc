@@ -303,10 +303,11 @@ TEST(LayoutBadInput, MismatchedCountsBetweenAPairFailBothAndEveryRank) {
     }
     Timed t = createTimed(comm, 16, l);
     const std::string msg = fuscoGetLastError(comm);
-    if (ctx.rank <= 1)
+    if (ctx.rank <= 1) {
       EXPECT_EQ(t.r, fuscoInvalidUsage) << fuscoGetErrorString(t.r) << ": " << msg;
-    else
+    } else {
       EXPECT_TRUE(isPeerError(t.r)) << fuscoGetErrorString(t.r) << ": " << msg;
+    }
     EXPECT_FALSE(msg.empty());
     expectUsable(comm, ctx, "mismatched counts");
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
