@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api/api_internal.h"
+#include "core/fault.h"
 #include "engine/engine.h"
 
 using namespace fusco;
@@ -122,6 +123,7 @@ fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             fuscoDataType_t datatype, fuscoComm_t comm, void* stream) {
   return guarded(comm, "fuscoAllToAll", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoAllToAll"));
+    FUSCO_CHECK(faultPoint(FaultPhase::AllToAll, comm->impl->rank(), [&](const char* w) { comm->impl->markBroken(fuscoRemoteError, w); }));
     int n = comm->impl->nranks();
     Op op(n);
     op.name = "fuscoAllToAll";
@@ -149,6 +151,7 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[], co
                              fuscoDataType_t datatype, fuscoComm_t comm, void* stream) {
   return guarded(comm, "fuscoAllToAllv", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoAllToAllv"));
+    FUSCO_CHECK(faultPoint(FaultPhase::AllToAll, comm->impl->rank(), [&](const char* w) { comm->impl->markBroken(fuscoRemoteError, w); }));
     int n = comm->impl->nranks();
     Op op(n);
     op.name = "fuscoAllToAllv";

@@ -8,6 +8,7 @@
 
 #include "api/api_internal.h"
 #include "engine/engine.h"
+#include "plan/layout_check.h"
 
 using namespace fusco;
 
@@ -20,36 +21,11 @@ struct fuscoLayout {
 
 namespace {
 
-// Splits a concatenated row list into per-peer lists, checking every index.
+// Validation lives in plan/layout_check.h (pure, fuzzed); this adapts it to ArgCheck.
 void splitRows(const size_t counts[], const int64_t* rows, int n, const char* what,
                std::vector<std::vector<int64_t>>* out, ArgCheck* a) {
-  out->assign(n, {});
-  if (counts == nullptr) { a->fail("fuscoLayoutCreate: %sCounts is NULL", what); return; }
-  size_t total = 0;
-  for (int p = 0; p < n; ++p) total += counts[p];
-  if (total > 0 && rows == nullptr) { a->fail("fuscoLayoutCreate: %sRows is NULL with %zu rows", what, total); return; }
-  size_t at = 0;
-  for (int p = 0; p < n; ++p) {
-    (*out)[p].assign(rows + at, rows + at + counts[p]);
-    for (size_t i = 0; i < counts[p]; ++i) {
-      if (rows[at + i] < 0) {
-        a->fail("fuscoLayoutCreate: %sRows[%zu] (peer %d, row %zu) = %lld is negative", what,
-                at + i, p, i, static_cast<long long>(rows[at + i]));
-        return;
-      }
-    }
-    at += counts[p];
-  }
-}
-
-void checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, ArgCheck* a) {
-  std::vector<int64_t> all;
-  for (const auto& v : recv) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end());
-  auto dup = std::adjacent_find(all.begin(), all.end());
-  if (dup != all.end())
-    a->fail("fuscoLayoutCreate: receive row %lld appears more than once (each receive row is written once)",
-            static_cast<long long>(*dup));
+  std::string msg;
+  if (!splitLayoutRows(counts, rows, n, what, out, &msg)) a->fail("%s", msg.c_str());
 }
 
 Op layoutOp(const fuscoLayout& l, const void* sendbuff, void* recvbuff, const char* name) {
@@ -83,7 +59,10 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     if (rowBytes == 0) a.fail("fuscoLayoutCreate: rowBytes is 0");
     splitRows(sendCounts, sendRows, n, "send", &l->sendRows, &a);
     splitRows(recvCounts, recvRows, n, "recv", &l->recvRows, &a);
-    if (a.status == fuscoSuccess) checkUniqueRecvRows(l->recvRows, &a);
+    if (a.status == fuscoSuccess) {
+      std::string msg;
+      if (!checkUniqueRecvRows(l->recvRows, &msg)) a.fail("%s", msg.c_str());
+    }
     if (a.status != fuscoSuccess) {
       for (auto& v : l->sendRows) v.clear();
       for (auto& v : l->recvRows) v.clear();

@@ -11,6 +11,7 @@
 
 #include "api/api_internal.h"
 #include "api/moe_handle.h"
+#include "core/fault.h"
 #include "core/params.h"
 #include "device/reduce.h"
 #include "engine/engine.h"
@@ -130,6 +131,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
   return guarded(comm, "fuscoMoePlan", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoMoePlan"));
     Communicator& c = *comm->impl;
+    FUSCO_CHECK(faultPoint(FaultPhase::Plan, c.rank(), [&](const char* w) { c.markBroken(fuscoRemoteError, w); }));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
     h->comm = comm;
     h->numTokens = numTokens;

@@ -10,6 +10,7 @@
 
 #include "api/api_internal.h"
 #include "api/moe_handle.h"
+#include "core/fault.h"
 #include "device/reduce.h"
 #include "engine/engine.h"
 
@@ -127,12 +128,16 @@ void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size
         rankPtrs.push_back(dst);
       }
       if (rankPtrs.empty()) continue;
-      char* dst = nodeScratch.data() + node * rowOut;
+      // One node: the node level's sum goes straight to out; the final level (a single term,
+      // round(0 + x)) then only turns -0 into +0, in place.
+      char* dst = nodes.numNodes == 1 ? static_cast<char*>(out) + t * rowOut
+                                      : nodeScratch.data() + node * rowOut;
       sumLevel(dt, hidden, rankPtrs, dst);
       nodePtrs.push_back(dst);
     }
     char* o = static_cast<char*>(out) + t * rowOut;
     if (nodePtrs.empty()) memset(o, 0, rowOut);
+    else if (nodePtrs.size() == 1 && nodePtrs[0] == o) canonicalCopyRow(dt, hidden, o, o);
     else sumLevel(dt, hidden, nodePtrs, o);
   }
 }
@@ -208,6 +213,7 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     if (handle == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeDispatch: handle is NULL");
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
     Communicator& c = *comm->impl;
+    FUSCO_CHECK(faultPoint(FaultPhase::Dispatch, c.rank(), [&](const char* w) { c.markBroken(fuscoRemoteError, w); }));
     fuscoMoeHandle& h = *handle;
     ArgCheck a;
     if (c.memType() == fuscoMemHost && stream != nullptr)
@@ -248,6 +254,7 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
   return guarded(comm, "fuscoMoeCombine", [&]() -> fuscoResult_t {
     if (handle == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeCombine: handle is NULL");
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
+    FUSCO_CHECK(faultPoint(FaultPhase::Combine, comm->impl->rank(), [&](const char* w) { comm->impl->markBroken(fuscoRemoteError, w); }));
     fuscoMoeHandle& h = *handle;
     ArgCheck a;
     if (comm->impl->memType() == fuscoMemHost && stream != nullptr)

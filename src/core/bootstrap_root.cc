@@ -12,6 +12,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/bootstrap_hello.h"
 #include "core/bootstrap_wire.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -32,13 +33,7 @@ namespace {
 struct PendingConn {
   int fd = -1;
   std::string peer;
-  unsigned char hdr[kHeaderBytes] = {};
-  size_t hdrGot = 0;
-  int32_t nranks = 0;
-  int32_t rank = 0;
-  uint64_t blobLen = 0;
-  std::string blob;
-  size_t blobGot = 0;
+  HelloReader hello;
 };
 
 // Root side of init: accepts connections, authenticates HELLOs, detects bad ranks, and either
@@ -66,7 +61,6 @@ class RootRendezvous {
   bool done() const;
   void acceptNew();
   bool readPending(PendingConn& c);  // false: the connection is finished (dropped or handed over)
-  bool checkHeader(PendingConn& c);
   void onHello(PendingConn& c);
   void refuse(PendingConn& c, const char* why);
   void recordError(fuscoResult_t r, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -113,6 +107,7 @@ void RootRendezvous::refuse(PendingConn& c, const char* why) {
 void RootRendezvous::acceptNew() {
   for (;;) {
     PendingConn c;
+    c.hello = HelloReader(secret_);
     SockAddr peer;
     int err = 0;
     IoStatus s = socketAccept(listenFd_, &c.fd, &peer, &err);
@@ -130,55 +125,29 @@ void RootRendezvous::acceptNew() {
   }
 }
 
-// Authenticates before believing any other field; false: refused and closed.
-bool RootRendezvous::checkHeader(PendingConn& c) {
-  if (wireGet64(c.hdr) != kHelloMagic) {
-    refuse(c, "bad magic");
-    return false;
-  }
-  if (!secretEqual(wireGet64(c.hdr + 8), secret_)) {
-    refuse(c, "bad secret");
-    return false;
-  }
-  c.nranks = static_cast<int32_t>(wireGet32(c.hdr + 16));
-  c.rank = static_cast<int32_t>(wireGet32(c.hdr + 20));
-  c.blobLen = wireGet64(c.hdr + 24);
-  if (c.blobLen > kMaxBlob) {
-    refuse(c, "blob length over the 64 MiB limit");
-    return false;
-  }
-  try {
-    c.blob.resize(c.blobLen);
-  } catch (const std::bad_alloc&) {
-    refuse(c, "out of memory for its blob");
-    return false;
-  }
-  return true;
-}
-
+// The HELLO is parsed by HelloReader (bootstrap_hello.h), which authenticates before believing
+// any other field and allocates the blob only after its length passed the bound.
 bool RootRendezvous::readPending(PendingConn& c) {
   for (;;) {
-    bool inHeader = c.hdrGot < kHeaderBytes;
-    if (!inHeader && c.blobGot == c.blobLen) {
+    if (c.hello.complete()) {
       onHello(c);
       return false;
     }
-    void* dst = inHeader ? static_cast<void*>(c.hdr + c.hdrGot) : &c.blob[c.blobGot];
-    size_t want = inHeader ? kHeaderBytes - c.hdrGot : c.blobLen - c.blobGot;
+    size_t want = 0;
+    void* dst = c.hello.next(&want);
     size_t got = 0;
     int err = 0;
     IoStatus s = socketRecvSome(c.fd, dst, want, &got, &err);
     if (s != IoStatus::Ok) {
-      refuse(c, inHeader ? "closed before a complete hello header"
-                         : "closed in the middle of its blob");
+      refuse(c, c.hello.inHeader() ? "closed before a complete hello header"
+                                   : "closed in the middle of its blob");
       return false;
     }
     if (got == 0) return true;  // wait for more
-    if (inHeader) {
-      c.hdrGot += got;
-      if (c.hdrGot == kHeaderBytes && !checkHeader(c)) return false;
-    } else {
-      c.blobGot += got;
+    const char* why = nullptr;
+    if (c.hello.advance(got, &why) == HelloReader::Step::Refused) {
+      refuse(c, why);
+      return false;
     }
   }
 }
@@ -188,20 +157,21 @@ void RootRendezvous::onHello(PendingConn& c) {
   lastArrivalNs_ = nowNs();
   int fd = c.fd;
   c.fd = -1;  // handed over to fdOf_ or extraFds_
-  if (c.nranks != nranks_) {
+  const HelloHeader& h = c.hello.header();
+  if (h.nranks != nranks_) {
     recordError(fuscoInvalidUsage, "bootstrap: rank %d says nranks=%d but root %s has nranks=%d",
-                c.rank, c.nranks, addr_.c_str(), nranks_);
-  } else if (c.rank < 0 || c.rank >= nranks_) {
-    recordError(fuscoInvalidUsage, "bootstrap: rank %d is out of range [0,%d) (from %s)", c.rank,
+                h.rank, h.nranks, addr_.c_str(), nranks_);
+  } else if (h.rank < 0 || h.rank >= nranks_) {
+    recordError(fuscoInvalidUsage, "bootstrap: rank %d is out of range [0,%d) (from %s)", h.rank,
                 nranks_, c.peer.c_str());
-  } else if (c.rank == 0 || fdOf_[c.rank] >= 0) {
-    recordError(fuscoInvalidUsage, "bootstrap: rank %d joined twice (again from %s)", c.rank,
+  } else if (h.rank == 0 || fdOf_[h.rank] >= 0) {
+    recordError(fuscoInvalidUsage, "bootstrap: rank %d joined twice (again from %s)", h.rank,
                 c.peer.c_str());
   } else {
-    fdOf_[c.rank] = fd;
-    blobs_[c.rank].swap(c.blob);
+    fdOf_[h.rank] = fd;
+    blobs_[h.rank].swap(c.hello.blob());
     ++valid_;
-    FUSCO_TRACE(kBoot, "bootstrap: rank %d connected from %s", c.rank, c.peer.c_str());
+    FUSCO_TRACE(kBoot, "bootstrap: rank %d connected from %s", h.rank, c.peer.c_str());
     return;
   }
   extraFds_.push_back(fd);

@@ -39,6 +39,8 @@ const ParamDecl kParams[] = {
      "how often a waiting rank checks that its peers are alive, in milliseconds"},
     {"FUSCO_SPIN_BEFORE_YIELD", ParamType::Int, "64",
      "polls of a wait loop before it yields the core to other processes"},
+    {"FUSCO_FAULT", ParamType::String, "",
+     "debug: inject faults, e.g. kill:dispatch:rank=2[:after=N][:ms=M]; ';' separates specs (core/fault.h)"},
 };
 
 struct Registry {

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/blob.h"
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -18,28 +20,6 @@ constexpr size_t kMinChunkBytes = 4 << 10;
 constexpr size_t kMaxChunkBytes = 256 << 20;
 constexpr int kDefaultDepth = 4;
 constexpr int kMaxDepth = 64;
-
-// Length-prefixed concatenation, so one all-gather carries every transport's blob.
-void appendBlob(std::string* out, const std::string& blob) {
-  uint64_t n = blob.size();
-  out->append(reinterpret_cast<const char*>(&n), sizeof(n));
-  *out += blob;
-}
-
-bool splitBlobs(const std::string& in, size_t count, std::vector<std::string>* parts) {
-  size_t pos = 0;
-  parts->clear();
-  for (size_t i = 0; i < count; ++i) {
-    uint64_t n;
-    if (in.size() - pos < sizeof(n)) return false;
-    memcpy(&n, in.data() + pos, sizeof(n));
-    pos += sizeof(n);
-    if (in.size() - pos < n) return false;
-    parts->push_back(in.substr(pos, n));
-    pos += n;
-  }
-  return pos == in.size();
-}
 
 }  // namespace
 
@@ -73,10 +53,12 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->rank_ = rank;
   c->nranks_ = nranks;
   FUSCO_CHECK(c->resolveOptions(opts));
+  faultConfigure();  // FUSCO_FAULT (debug): parsed once per communicator
 
   std::vector<std::string> blobs;
   FUSCO_CHECK(Bootstrap::init(id, nranks, rank, c->ctx_.timeoutMs, encodePeerInfo(localPeerInfo()),
                               &c->bootstrap_, &blobs));
+  FUSCO_CHECK(faultPoint(FaultPhase::Bootstrap, rank));
   c->peers_.resize(nranks);
   std::vector<std::string> hostIds(nranks);
   for (int r = 0; r < nranks; ++r) {
@@ -156,7 +138,7 @@ fuscoResult_t Communicator::connectTransports() {
     std::vector<std::string> blobs(nranks_);
     for (int r = 0; r < nranks_; ++r) {
       std::vector<std::string> parts;
-      if (!splitBlobs(all[r].substr(1), list.size(), &parts))
+      if (!splitBlobs(all[r], 1, list.size(), &parts))
         return FUSCO_FAIL(fuscoInternalError, kInit, "malformed transport record from rank %d", r);
       blobs[r] = parts[t];
     }

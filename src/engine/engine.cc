@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/clock.h"
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -192,6 +193,7 @@ fuscoResult_t OpRunner::headerRound() {
         if (buf != nullptr) {
           if (!encodeHeader(mine_[p], buf, cap, &len))
             return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: call header does not fit a slot", op_.name);
+          if (faultCorruptHeaders()) faultCorruptBytes(buf, len);  // FUSCO_FAULT corrupt-header
           FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagHeader, len));
           sc_[p].headerSent = *progressed = true;
         }

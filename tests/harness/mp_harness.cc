@@ -5,7 +5,9 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,6 +88,62 @@ void sendLocked(int fd, const std::string& text) {
   sendText(fd, text);
 }
 
+// FUSCO_TEST_NETNS: the network namespace ("node") of each rank, see mp_harness.h.
+struct NetnsPlan {
+  bool active = false;
+  std::vector<std::string> names;  // as listed
+  std::vector<int> fdOf;           // per rank: open fd of /var/run/netns/<name>
+  std::vector<int> fds;            // distinct open fds (closed by the parent after the fork)
+  std::string error;
+};
+
+NetnsPlan planNetns(int n) {
+  NetnsPlan p;
+  const char* spec = getenv("FUSCO_TEST_NETNS");
+  if (spec == nullptr || *spec == '\0') return p;
+  p.active = true;
+  std::string s = spec;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > pos) p.names.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  if (p.names.empty()) {
+    p.error = std::string("FUSCO_TEST_NETNS='") + spec + "' names no namespace";
+    return p;
+  }
+  const size_t len = p.names.size();
+  std::vector<std::pair<std::string, int>> opened;
+  for (int r = 0; r < n; ++r) {
+    const std::string& name = p.names[static_cast<size_t>(r) * len / static_cast<size_t>(n)];
+    int fd = -1;
+    for (const auto& o : opened)
+      if (o.first == name) fd = o.second;
+    if (fd < 0) {
+      std::string path = name.find('/') == std::string::npos ? "/var/run/netns/" + name : name;
+      fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        p.error = "FUSCO_TEST_NETNS: cannot open " + path + ": " + strerror(errno) +
+                  " (create the namespaces with tests/netns/netns.sh)";
+        for (const auto& o : opened) close(o.second);
+        p.fdOf.clear();
+        return p;
+      }
+      opened.emplace_back(name, fd);
+      p.fds.push_back(fd);
+    }
+    p.fdOf.push_back(fd);
+  }
+  return p;
+}
+
+void closeNetns(NetnsPlan& p) {
+  for (int fd : p.fds) close(fd);
+  p.fds.clear();
+}
+
 struct Child {
   pid_t pid = -1;
   int fd = -1;      // read end of this rank's failure pipe
@@ -96,10 +154,38 @@ struct Child {
 };
 
 [[noreturn]] void runChild(int rank, int n, const fuscoUniqueId& id, int wfd, pid_t parent,
-                           const std::function<void(const RankCtx&)>& body, const MpOptions& opt) {
+                           const std::function<void(const RankCtx&)>& body, const MpOptions& opt,
+                           NetnsPlan& netns) {
   // Die with the test process (a killed ctest must not leave ranks behind).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(97);
+  if (netns.active) {
+    // This rank's node: enter its network namespace before anything opens a socket.
+    if (setns(netns.fdOf[rank], CLONE_NEWNET) != 0) {
+      sendText(wfd, std::string("setns into FUSCO_TEST_NETNS namespace ") +
+                        netns.names[static_cast<size_t>(rank) * netns.names.size() /
+                                    static_cast<size_t>(n)] +
+                        " failed: " + strerror(errno));
+      _exit(4);
+    }
+    closeNetns(netns);
+    // Like `ip netns exec`: a private mount namespace with /sys remounted, so /sys/class/net shows
+    // this namespace's devices (UCX's tcp transport finds its interfaces there). /dev/shm stays the
+    // same tmpfs, so same-node ranks still share memory.
+    const char* step = nullptr;
+    if (unshare(CLONE_NEWNS) != 0)
+      step = "unshare(CLONE_NEWNS)";
+    else if (mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0)
+      step = "mount / rslave";
+    else if (umount2("/sys", MNT_DETACH) != 0 && errno != EINVAL)
+      step = "umount /sys";
+    else if (mount("sysfs", "/sys", "sysfs", 0, nullptr) != 0)
+      step = "mount sysfs on /sys";
+    if (step != nullptr) {
+      sendText(wfd, std::string("FUSCO_TEST_NETNS: ") + step + " failed: " + strerror(errno));
+      _exit(4);
+    }
+  }
   signal(SIGPIPE, SIG_DFL);
   for (const auto& kv : opt.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
   fusco::paramsReload();
@@ -200,9 +286,36 @@ std::vector<std::string> fuscoShmEntries() {
 void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOptions& opt) {
   ASSERT_GE(n, 1) << "runRanks needs at least one rank";
   const std::vector<std::string> shmBefore = fuscoShmEntries();
+  NetnsPlan netns = planNetns(n);
+  ASSERT_TRUE(netns.error.empty()) << netns.error;
   fuscoUniqueId id;
   memset(&id, 0, sizeof(id));
-  fuscoResult_t idRes = fuscoGetUniqueId(&id);
+  fuscoResult_t idRes;
+  if (netns.active) {
+    // Ranks bootstrap over the first rail; the parent (and any later id a rank makes) as well.
+    setenv("FUSCO_SOCKET_IFNAME", "fr0", 0);
+    fusco::paramsReload();
+    // The id's listening socket must live in rank 0's namespace and carry its rail address: make
+    // it there and come back (a socket stays in the namespace it was created in).
+    int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (home < 0 || setns(netns.fdOf[0], CLONE_NEWNET) != 0) {
+      int e = errno;
+      if (home >= 0) close(home);
+      closeNetns(netns);
+      FAIL() << "FUSCO_TEST_NETNS: cannot enter rank 0's namespace: " << strerror(e);
+    }
+    idRes = fuscoGetUniqueId(&id);
+    if (setns(home, CLONE_NEWNET) != 0) {
+      // Staying in the wrong namespace would confuse every later test: stop here.
+      fprintf(stderr, "mp_harness: setns back to the original namespace failed: %s\n",
+              strerror(errno));
+      abort();
+    }
+    close(home);
+  } else {
+    idRes = fuscoGetUniqueId(&id);
+  }
+  if (idRes != fuscoSuccess) closeNetns(netns);
   ASSERT_EQ(idRes, fuscoSuccess) << "fuscoGetUniqueId: " << fuscoGetErrorString(idRes) << ": "
                                  << fuscoGetLastError(nullptr);
 
@@ -223,7 +336,7 @@ void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOp
     if (pid == 0) {
       close(fds[0]);
       for (int k = 0; k < r; ++k) close(kids[k].fd);
-      runChild(r, n, id, fds[1], parent, body, opt);
+      runChild(r, n, id, fds[1], parent, body, opt, netns);
     }
     close(fds[1]);
     if (pid < 0) {
@@ -239,6 +352,7 @@ void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOp
     kids[r].fd = fds[0];
   }
   fusco::bootstrapReleaseId(id);
+  closeNetns(netns);
 
   const double deadline = nowSec() + opt.timeoutSec;
   int running = n;

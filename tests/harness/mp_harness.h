@@ -31,6 +31,18 @@ struct MpOptions {
 // ADD_FAILURE() << "rank r: " << text. A rank that crashes, exits non-zero or times out is a
 // failure naming it (unless in mayDie). Children end with _exit and never return into gtest.
 // Afterwards the parent checks that /dev/shm holds no new entry whose name contains "fusco".
+//
+// Namespaced hosts ([netns] tests, tests/netns/netns.sh): when the environment variable
+// FUSCO_TEST_NETNS holds a comma list of network namespace names (e.g.
+// "fusco-n0,fusco-n0,fusco-n1,fusco-n1"; a name without '/' means /var/run/netns/<name>), each
+// rank process setns()es into its namespace first thing after the fork, so ranks in different
+// namespaces are different nodes (the host identity includes the network namespace). With L names
+// and n ranks, rank r goes to list[r * L / n]: the list as written when n == L, otherwise
+// contiguous blocks in list order (with the 4-name list above: 2 ranks -> one per node, 3 ranks ->
+// n0,n0,n1, 8 ranks -> four per node; one rank -> n0). FUSCO_SOCKET_IFNAME defaults to "fr0" (the
+// first rail) in that mode, and the parent makes the unique id while briefly inside rank 0's
+// namespace, so the id carries rank 0's rail address (10.77.0.1) and its listening socket lives
+// there; the parent itself stays in its own namespace. A name that cannot be opened is a failure.
 void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOptions& opt = {});
 
 // Inits a host comm for ctx (fuscoCommInitRankConfig when config is non-NULL). On failure it

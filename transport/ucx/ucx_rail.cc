@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/blob.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/result.h"
@@ -130,11 +131,7 @@ std::string encodeBlob(const UcxComm* c) {
   BlobHeader h{kBlobMagic, kBlobVersion, c->commTag, c->rank,
                static_cast<uint32_t>(c->rails.size())};
   std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
-  for (const UcxRail& r : c->rails) {
-    uint64_t n = r.address.size();
-    out.append(reinterpret_cast<const char*>(&n), sizeof(n));
-    out += r.address;
-  }
+  for (const UcxRail& r : c->rails) appendBlob(&out, r.address);
   return out;
 }
 
@@ -146,18 +143,7 @@ bool decodeBlob(const std::string& blob, uint64_t commTag, int rank,
   if (h.magic != kBlobMagic || h.version != kBlobVersion || h.commTag != commTag ||
       h.rank != rank || h.numRails == 0 || h.numRails > 64)
     return false;
-  size_t pos = sizeof(h);
-  addrs->clear();
-  for (uint32_t i = 0; i < h.numRails; ++i) {
-    uint64_t n;
-    if (blob.size() - pos < sizeof(n)) return false;
-    memcpy(&n, blob.data() + pos, sizeof(n));
-    pos += sizeof(n);
-    if (blob.size() - pos < n) return false;
-    addrs->push_back(blob.substr(pos, n));
-    pos += n;
-  }
-  return pos == blob.size();
+  return splitBlobs(blob, sizeof(h), h.numRails, addrs);
 }
 
 fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr) {

@@ -1,0 +1,22 @@
+// Validation of layout descriptors (fuscoLayoutCreate): pure host code, so it is unit-tested and
+// fuzzed on its own (tests/fuzz/fuzz_layout.cc). The API layer turns a message into its error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fusco {
+
+// Splits a concatenated row list (counts[0] rows for peer 0, then peer 1, ...) into per-peer
+// lists, checking every index. `what` is "send" or "recv" (used in the message).
+// Returns true when valid; otherwise false with *msg set, and *out holds n lists (partly filled).
+// counts may be NULL (an error); rows may be NULL only when every count is 0.
+bool splitLayoutRows(const size_t counts[], const int64_t* rows, int n, const char* what,
+                     std::vector<std::vector<int64_t>>* out, std::string* msg);
+
+// Checks that no receive row appears twice across all peers. false with *msg set otherwise.
+bool checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, std::string* msg);
+
+}  // namespace fusco
