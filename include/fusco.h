@@ -8,7 +8,9 @@
  * Thread safety: distinct communicators may be used concurrently from different threads. One
  * communicator must not be used by two threads at the same time (calls on it are serialized by
  * the caller), except fuscoCommAbort, which may be called from any thread to wake a blocked call.
- * Group state (fuscoGroupStart/End) is per thread.
+ * A layout or MoE handle counts as its communicator (its calls are serialized with the comm's).
+ * Communicators may be created and destroyed concurrently from different threads, each from its
+ * own unique id. Group state (fuscoGroupStart/End) is per thread.
  */
 #ifndef FUSCO_H_
 #define FUSCO_H_

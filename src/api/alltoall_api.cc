@@ -132,7 +132,7 @@ fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
     ArgCheck a;
     checkStream(comm, stream, "fuscoAllToAll", &a);
     size_t es = dataTypeSize(datatype);
-    if (es == 0) a.fail("fuscoAllToAll: invalid datatype %d", (int)datatype);
+    if (es == 0) a.fail("fuscoAllToAll: invalid datatype %d", rawEnum(datatype));
     if (count > 0 && (sendbuff == nullptr || recvbuff == nullptr))
       a.fail("fuscoAllToAll: sendbuff (%p) and recvbuff (%p) must be non-NULL when count > 0", sendbuff, recvbuff);
     if (a.status == fuscoSuccess) {
@@ -160,7 +160,7 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[], co
     ArgCheck a;
     checkStream(comm, stream, "fuscoAllToAllv", &a);
     size_t es = dataTypeSize(datatype);
-    if (es == 0) a.fail("fuscoAllToAllv: invalid datatype %d", (int)datatype);
+    if (es == 0) a.fail("fuscoAllToAllv: invalid datatype %d", rawEnum(datatype));
     if (!sendcounts || !sdispls || !recvcounts || !rdispls)
       a.fail("fuscoAllToAllv: sendcounts, sdispls, recvcounts and rdispls must be non-NULL");
     for (int p = 0; a.status == fuscoSuccess && p < n; ++p) {
@@ -198,7 +198,7 @@ fuscoResult_t fuscoSend(const void* sendbuff, size_t count, fuscoDataType_t data
   return guarded(comm, "fuscoSend", [&]() -> fuscoResult_t {
     size_t es = dataTypeSize(datatype);
     PendingCall c = makeCall(comm, true, peer, sendbuff, count * (es ? es : 1), nullptr, 1, stream, "fuscoSend");
-    if (es == 0) c.check.fail("fuscoSend: invalid datatype %d", (int)datatype);
+    if (es == 0) c.check.fail("fuscoSend: invalid datatype %d", rawEnum(datatype));
     return enqueue(c, "fuscoSend");
   });
 }
@@ -208,7 +208,7 @@ fuscoResult_t fuscoRecv(void* recvbuff, size_t count, fuscoDataType_t datatype, 
   return guarded(comm, "fuscoRecv", [&]() -> fuscoResult_t {
     size_t es = dataTypeSize(datatype);
     PendingCall c = makeCall(comm, false, peer, recvbuff, count * (es ? es : 1), nullptr, 1, stream, "fuscoRecv");
-    if (es == 0) c.check.fail("fuscoRecv: invalid datatype %d", (int)datatype);
+    if (es == 0) c.check.fail("fuscoRecv: invalid datatype %d", rawEnum(datatype));
     return enqueue(c, "fuscoRecv");
   });
 }

@@ -57,8 +57,8 @@ void noteResult(fuscoComm_t comm, fuscoResult_t r) {
   comm->impl->lastError = threadLastError();
 }
 
-size_t dataTypeSize(fuscoDataType_t t) {
-  switch (t) {
+size_t dataTypeSize(const fuscoDataType_t& type) {
+  switch (rawEnum(type)) {
     case fuscoInt8: case fuscoUint8: case fuscoFloat8e4m3: case fuscoFloat8e5m2: return 1;
     case fuscoFloat16: case fuscoBfloat16: return 2;
     case fuscoInt32: case fuscoUint32: case fuscoFloat32: return 4;
@@ -89,7 +89,7 @@ const char* fuscoGetLastError(fuscoComm_t comm) {
 fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes) {
   if (bytes == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: bytes is NULL");
   size_t s = dataTypeSize(datatype);
-  if (s == 0) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: invalid datatype %d", (int)datatype);
+  if (s == 0) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: invalid datatype %d", rawEnum(datatype));
   *bytes = s;
   return fuscoSuccess;
 }

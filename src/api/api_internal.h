@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <new>
@@ -71,7 +72,16 @@ struct ArgCheck {
   }
 };
 
+// The integer a C caller passed for an enum parameter. C allows any int there; reading it as the
+// C++ enum type could be undefined when it is out of range, so every check goes through this.
+inline int rawEnum(const fuscoDataType_t& t) {
+  int v;
+  static_assert(sizeof(v) == sizeof(t), "fuscoDataType_t is int-sized");
+  memcpy(&v, &t, sizeof(v));
+  return v;
+}
+
 // Element size of a datatype, or 0 if it is not one.
-size_t dataTypeSize(fuscoDataType_t t);
+size_t dataTypeSize(const fuscoDataType_t& t);
 
 }  // namespace fusco

@@ -259,13 +259,16 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
     ArgCheck a;
     if (comm->impl->memType() == fuscoMemHost && stream != nullptr)
       a.fail("fuscoMoeCombine: stream must be NULL for a host-memory communicator");
-    if (datatype != fuscoFloat32 && datatype != fuscoBfloat16 && datatype != fuscoFloat16)
-      a.fail("fuscoMoeCombine: datatype %d is not fuscoFloat32, fuscoBfloat16 or fuscoFloat16", (int)datatype);
+    const int dt = rawEnum(datatype);
+    if (dt != fuscoFloat32 && dt != fuscoBfloat16 && dt != fuscoFloat16)
+      a.fail("fuscoMoeCombine: datatype %d is not fuscoFloat32, fuscoBfloat16 or fuscoFloat16", dt);
     if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
     if (expertOut == nullptr && h.recv.numRecvRows > 0)
       a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", h.recv.numRecvRows);
     if (out == nullptr && h.numTokens > 0) a.fail("fuscoMoeCombine: out is NULL with %zu tokens", h.numTokens);
-    return combine(h, expertOut, datatype, hidden, topkWeights, out, a);
+    // Only a validated value is used as the enum (any int is legal from C).
+    const fuscoDataType_t type = a.status == fuscoSuccess ? static_cast<fuscoDataType_t>(dt) : fuscoFloat32;
+    return combine(h, expertOut, type, hidden, topkWeights, out, a);
   });
 }
 

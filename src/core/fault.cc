@@ -170,7 +170,7 @@ bool faultParse(const std::string& value, std::vector<FaultSpec>* out, std::stri
       out->push_back(spec);
     } else {
       ok = false;
-      *errors += (errors->empty() ? "" : "\n") + std::string("'") + text + "': " + why;
+      *errors += (errors->empty() ? "" : "; ") + std::string("'") + text + "': " + why;
     }
   }
   return ok;

@@ -33,6 +33,7 @@ void forPieces(const RowStream& s, size_t off, size_t len, Fn fn) {
 }  // namespace
 
 void gatherBytes(const RowStream& s, size_t off, size_t len, void* dst) {
+  if (len == 0) return;  // buffers may be NULL then
   char* d = static_cast<char*>(dst);
   if (s.produce != nullptr) {
     if (len) s.produce(s.produceCtx, off, len, d);
@@ -48,6 +49,7 @@ void gatherBytes(const RowStream& s, size_t off, size_t len, void* dst) {
 }
 
 void scatterBytes(const RowStream& s, size_t off, size_t len, const void* src) {
+  if (len == 0) return;  // buffers may be NULL then
   const char* c = static_cast<const char*>(src);
   if (s.contiguous()) {
     memcpy(s.base + off, c, len);
@@ -67,6 +69,7 @@ void scatterBytes(const RowStream& s, size_t off, size_t len, const void* src) {
 
 void streamCopy(const RowStream& src, size_t srcOff, const RowStream& dst, size_t dstOff,
                 size_t len) {
+  if (len == 0) return;
   if (dst.contiguous()) {
     gatherBytes(src, srcOff, len, dst.base + dstOff);
     return;

@@ -138,6 +138,7 @@ TEST(Soak, TenThousandChangingMoeRoundsLeakNothingAndStayExact) {
              "%d -> %d, /dev/shm fusco entries %zu -> %zu\n",
              done, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
              after.shmMaps, before.shmNames, after.shmNames);
+    fflush(stdout);  // rank processes end with _exit
     EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
     EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
     EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings changed";

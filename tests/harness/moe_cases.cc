@@ -86,7 +86,8 @@ std::string identifyRow(const uint8_t* row, size_t rowBytes, const Bytes2D& x) {
 ::testing::AssertionResult recvXMatches(const MoeRefProblem& p, const MoeRefDispatch& d, int r,
                                         const uint8_t* got, size_t rowBytes, const Bytes2D& x) {
   const auto& want = d.recvX[r];
-  if (std::memcmp(want.data(), got, want.size()) == 0) return ::testing::AssertionSuccess();
+  if (want.empty() || std::memcmp(want.data(), got, want.size()) == 0)
+    return ::testing::AssertionSuccess();
   auto origins = rowOrigins(p, d, r);
   auto fail = ::testing::AssertionFailure();
   int shown = 0;

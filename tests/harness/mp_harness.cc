@@ -97,6 +97,12 @@ struct NetnsPlan {
   std::string error;
 };
 
+// Rank r of n runs in list[r] while the list covers every rank, else in contiguous blocks.
+size_t netnsSlot(int r, int n, size_t len) {
+  return static_cast<size_t>(n) <= len ? static_cast<size_t>(r)
+                                       : static_cast<size_t>(r) * len / static_cast<size_t>(n);
+}
+
 NetnsPlan planNetns(int n) {
   NetnsPlan p;
   const char* spec = getenv("FUSCO_TEST_NETNS");
@@ -117,7 +123,7 @@ NetnsPlan planNetns(int n) {
   const size_t len = p.names.size();
   std::vector<std::pair<std::string, int>> opened;
   for (int r = 0; r < n; ++r) {
-    const std::string& name = p.names[static_cast<size_t>(r) * len / static_cast<size_t>(n)];
+    const std::string& name = p.names[netnsSlot(r, n, len)];
     int fd = -1;
     for (const auto& o : opened)
       if (o.first == name) fd = o.second;
@@ -163,8 +169,7 @@ struct Child {
     // This rank's node: enter its network namespace before anything opens a socket.
     if (setns(netns.fdOf[rank], CLONE_NEWNET) != 0) {
       sendText(wfd, std::string("setns into FUSCO_TEST_NETNS namespace ") +
-                        netns.names[static_cast<size_t>(rank) * netns.names.size() /
-                                    static_cast<size_t>(n)] +
+                        netns.names[netnsSlot(rank, n, netns.names.size())] +
                         " failed: " + strerror(errno));
       _exit(4);
     }
@@ -189,6 +194,13 @@ struct Child {
   signal(SIGPIPE, SIG_DFL);
   for (const auto& kv : opt.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
   fusco::paramsReload();
+  if (netns.active && std::none_of(opt.env.begin(), opt.env.end(), [](const auto& kv) {
+        return kv.first == "FUSCO_LOCAL_SIZE";
+      })) {
+    // Nodes come from the namespaces: the library ignores an inherited FUSCO_LOCAL_SIZE (it stays
+    // in the environment for layout-dependent expectations, checked against the namespaces).
+    fusco::paramSetOverride("FUSCO_LOCAL_SIZE", "0");
+  }
   // Only rank 0 may keep the inherited listening socket; a stray copy elsewhere would keep a dead
   // root's port accepting connections.
   if (rank != 0) fusco::bootstrapReleaseId(id);
@@ -288,6 +300,21 @@ void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOp
   const std::vector<std::string> shmBefore = fuscoShmEntries();
   NetnsPlan netns = planNetns(n);
   ASSERT_TRUE(netns.error.empty()) << netns.error;
+  if (netns.active) {
+    // FUSCO_LOCAL_SIZE=L next to FUSCO_TEST_NETNS states the layout the namespaces give (ranks r
+    // and r' share one iff r/L == r'/L), for tests whose expectations read it; it must agree, and
+    // the ranks do not pass it to the library (nodes come from the namespaces).
+    const char* ls = getenv("FUSCO_LOCAL_SIZE");
+    const int L = ls != nullptr ? atoi(ls) : 0;
+    for (int a = 0; L > 0 && a < n; ++a)
+      for (int b = 0; b < n; ++b)
+        if ((netns.fdOf[a] == netns.fdOf[b]) != (a / L == b / L)) {
+          closeNetns(netns);
+          FAIL() << "FUSCO_TEST_NETNS=" << getenv("FUSCO_TEST_NETNS") << " puts ranks " << a
+                 << " and " << b << " of " << n << (a / L == b / L ? " on different" : " on one")
+                 << " node(s), but FUSCO_LOCAL_SIZE=" << L << " says otherwise";
+        }
+  }
   fuscoUniqueId id;
   memset(&id, 0, sizeof(id));
   fuscoResult_t idRes;

@@ -36,13 +36,18 @@ struct MpOptions {
 // FUSCO_TEST_NETNS holds a comma list of network namespace names (e.g.
 // "fusco-n0,fusco-n0,fusco-n1,fusco-n1"; a name without '/' means /var/run/netns/<name>), each
 // rank process setns()es into its namespace first thing after the fork, so ranks in different
-// namespaces are different nodes (the host identity includes the network namespace). With L names
-// and n ranks, rank r goes to list[r * L / n]: the list as written when n == L, otherwise
-// contiguous blocks in list order (with the 4-name list above: 2 ranks -> one per node, 3 ranks ->
-// n0,n0,n1, 8 ranks -> four per node; one rank -> n0). FUSCO_SOCKET_IFNAME defaults to "fr0" (the
+// namespaces are different nodes (the host identity includes the network namespace). Rank r of n
+// goes to list[r] when the list has at least n names, else to list[r * L / n] (L names: contiguous
+// blocks in list order). Each rank also gets a private mount namespace with /sys remounted (as
+// `ip netns exec` does) so /sys/class/net lists its namespace's devices (UCX's tcp transport looks
+// there); /dev/shm is shared as before. FUSCO_SOCKET_IFNAME defaults to "fr0" (the
 // first rail) in that mode, and the parent makes the unique id while briefly inside rank 0's
 // namespace, so the id carries rank 0's rail address (10.77.0.1) and its listening socket lives
 // there; the parent itself stays in its own namespace. A name that cannot be opened is a failure.
+// FUSCO_LOCAL_SIZE, if also set, must describe the same layout (ranks r, r' share a namespace iff
+// r/L == r'/L; checked, a mismatch fails the test): tests whose expected results depend on the
+// node layout read it, while in the ranks the library's FUSCO_LOCAL_SIZE parameter is overridden
+// to 0 (unless MpOptions.env sets it), so the library's nodes come from the namespaces alone.
 void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOptions& opt = {});
 
 // Inits a host comm for ctx (fuscoCommInitRankConfig when config is non-NULL). On failure it

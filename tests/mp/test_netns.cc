@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -59,7 +60,7 @@ TEST(Netns, RanksAreNodesAndCrossNodePeersUseUcx) {
     GTEST_SKIP() << "FUSCO_TEST_NETNS is not set (run through ctest -L netns / tests/netns/netns.sh)";
   const std::vector<std::string> list = splitList(spec);
   const std::vector<std::string> rails = splitList(getenv("FUSCO_NET_DEVICES"));
-  const int n = static_cast<int>(list.size());
+  const int n = std::min(4, static_cast<int>(list.size()));  // 2 nodes x 2 ranks in [netns]
   ASSERT_GE(n, 2);
   // Expected node of each rank: namespaces numbered in order of first appearance.
   std::map<std::string, int> nodeOfNs;

@@ -102,7 +102,8 @@ limit_dev() {  # netns-or-empty dev rate
   local nsx=() rate=$3
   [ -n "$1" ] && nsx=(ip netns exec "$1")
   case "$rate" in 0 | none | "") return 0 ;; esac
-  "${nsx[@]}" tc qdisc replace dev "$2" root tbf rate "$rate" burst 512kb latency 50ms
+  "${nsx[@]}" tc qdisc replace dev "$2" root tbf rate "$rate" burst "${FUSCO_NETNS_TBF_BURST:-512kb}" \
+    latency "${FUSCO_NETNS_TBF_LATENCY:-50ms}"
 }
 
 do_up() {  # NODES RAILS RATE (caller holds the lock)
