@@ -4,9 +4,12 @@
 // side of init and the listen table are in bootstrap_root.cc.
 #include "core/bootstrap.h"
 
+#include <poll.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -62,6 +65,49 @@ fuscoResult_t recvReply(int fd, uint64_t seq, int nranks, const std::string& roo
     return FUSCO_FAIL(fuscoInternalError, kBoot, "bootstrap: malformed blob table from %s",
                       root.c_str());
   return fuscoSuccess;
+}
+
+// After the root sent its error frames: half-close every connection and read what ranks still
+// send (bounded), so closing the sockets later cannot reset a connection whose peer has not yet
+// read the error frame (a reset may discard it, and that rank would only see a closed socket).
+void drainAfterError(const std::vector<int>& fds) {
+  std::vector<pollfd> open;
+  for (int fd : fds) {
+    if (fd < 0) continue;
+    shutdown(fd, SHUT_WR);
+    open.push_back(pollfd{fd, POLLIN, 0});
+  }
+  Deadline d(kErrorSendMs);
+  char sink[4096];
+  while (!open.empty() && !d.expired()) {
+    if (poll(open.data(), open.size(), static_cast<int>(std::max<int64_t>(1, d.remainingMs()))) <= 0) break;
+    for (size_t i = 0; i < open.size();) {
+      ssize_t n = open[i].revents ? recv(open[i].fd, sink, sizeof(sink), MSG_DONTWAIT) : 1;
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        open[i] = open.back();
+        open.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+}
+
+// A send to the root failed: the root may already have said why it gave up. Returns true (and
+// the root's error) if an ERROR frame is waiting.
+bool pendingRootError(int fd, fuscoResult_t* r) {
+  Deadline d(200);
+  SocketFrame h;
+  int err = 0;
+  std::string payload;
+  if (socketRecvFrameHeader(fd, &h, d, &err) != IoStatus::Ok || h.magic != kFrameMagic ||
+      h.type != kFrameError || h.len > kMaxErrorText)
+    return false;
+  if (socketRecvString(fd, h.len, &payload, d, &err) != IoStatus::Ok) return false;
+  fuscoResult_t code = static_cast<fuscoResult_t>(h.code);
+  if (h.code == 0 || h.code >= fuscoNumResults) code = fuscoInternalError;
+  *r = FUSCO_FAIL(code, kBoot, "%s", payload.c_str());
+  return true;
 }
 
 }  // namespace
@@ -311,6 +357,7 @@ fuscoResult_t BootstrapAccess::rootGather(Bootstrap* b, const std::string& mine,
     int err = 0;
     if (p != bad) sendFrame(b->peerFds_[p], kFrameError, r, b->seq_, msg, errD, &err);
   }
+  drainAfterError(b->peerFds_);
   return FUSCO_FAIL(r, kBoot, "%s", msg.c_str());
 }
 
@@ -320,7 +367,11 @@ fuscoResult_t BootstrapAccess::peerGather(Bootstrap* b, const std::string& mine,
   std::string root = "root " + b->rootAddr_ + " (rank 0)";
   int err = 0;
   IoStatus s = sendFrame(b->rootFd_, kFrameGather, 0, b->seq_, mine, d, &err);
-  if (s != IoStatus::Ok) return ioFail(s, err, root, "sending allGather data", d.timeoutMs());
+  if (s != IoStatus::Ok) {
+    fuscoResult_t pending;
+    if (pendingRootError(b->rootFd_, &pending)) return pending;
+    return ioFail(s, err, root, "sending allGather data", d.timeoutMs());
+  }
   return recvReply(b->rootFd_, b->seq_, b->nranks_, root, d, "in allGather", all);
 }
 

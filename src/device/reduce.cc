@@ -7,7 +7,9 @@
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off", "vect-cost-model=dynamic")
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Clone resolvers run while the program is being relocated, before a ThreadSanitizer runtime
+// exists, so TSan builds use the baseline code only.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define FUSCO_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define FUSCO_ROW_CLONES

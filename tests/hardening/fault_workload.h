@@ -95,15 +95,6 @@ inline bool namesRank(const std::string& msg, int r) {
   return std::regex_search(msg, re);
 }
 
-// Known gap (src/core/bootstrap*.cc, reported): when a non-root rank dies during bootstrap, the
-// root fails and closes its sockets; a rank that had not yet sent its allGather data may see
-// "root ... (rank 0) closed its connection" before it reads the root's error frame that names
-// the dead rank. The error is still prompt and still an error; only the name is the root's.
-inline bool bootstrapRootRace(const std::string& msg, int step) {
-  return step == kInit && msg.find("bootstrap: root") != std::string::npos &&
-         msg.find("(rank 0) closed its connection") != std::string::npos;
-}
-
 inline bool isFaultError(int r) { return r == fuscoRemoteError || r == fuscoTimeout; }
 
 // Child processes of this process that still exist (a fault test must leave none behind).

@@ -75,10 +75,7 @@ void checkFaultOutcome(SharedReports& rep, int n, int faulty, const std::string&
     EXPECT_TRUE(isFaultError(res)) << "got " << fuscoGetErrorString(static_cast<fuscoResult_t>(res))
                                    << ": " << msg;
     EXPECT_LT(x.sec[at], kLimitSec) << "the failed call took " << x.sec[at] << " s: " << msg;
-    if (bootstrapRootRace(msg, step))
-      std::cout << "[fault] known bootstrap race on rank " << r << ": " << msg << "\n";
-    else
-      EXPECT_TRUE(namesRank(msg, faulty)) << "message should name rank " << faulty << ": " << msg;
+    EXPECT_TRUE(namesRank(msg, faulty)) << "message should name rank " << faulty << ": " << msg;
     EXPECT_NE(msg.find(stepToken(step)), std::string::npos)
         << "message should name the phase (" << stepToken(step) << "): " << msg;
     EXPECT_TRUE(x.destroyed) << "fuscoCommDestroy after the failure";
