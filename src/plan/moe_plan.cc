@@ -341,12 +341,16 @@ std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
     }
   }
   peers += "]";
+  // Bytes only when the row size is known (a plan is made before the first dispatch names it).
+  auto path = [rowBytes](size_t rows) {
+    return std::to_string(rows) + " rows" + (rowBytes ? "/" + std::to_string(rows * rowBytes) + " B" : "");
+  };
   char buf[512];
   snprintf(buf, sizeof(buf),
-           "plan rank %d: dedup %s, rows to peers %s, intra-node %zu rows/%zu B, inter-node %zu "
-           "rows/%zu B, recv %zu rows (%zu padding) in %zu local experts, saved %zu rows vs NONE",
-           rank, dedupName(dedup), peers.c_str(), intraRows, intraRows * rowBytes, interRows,
-           interRows * rowBytes, recv.numRecvRows, recv.paddingRows.size(),
+           "plan rank %d: dedup %s, rows to peers %s, intra-node %s, inter-node %s, recv %zu rows "
+           "(%zu padding) in %zu local experts, saved %zu rows vs NONE",
+           rank, dedupName(dedup), peers.c_str(), path(intraRows).c_str(), path(interRows).c_str(),
+           recv.numRecvRows, recv.paddingRows.size(),
            rank >= 0 && rank < shape.nranks ? shape.localExperts[rank].size() : size_t{0},
            noneRows - sentRows);
   return buf;

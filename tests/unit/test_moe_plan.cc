@@ -573,6 +573,10 @@ TEST(MoePlan, DescribePlanSummarizesPaths) {
   EXPECT_NE(line.find("inter-node 2 rows/200 B"), std::string::npos) << line;
   EXPECT_NE(line.find("recv 4 rows (3 padding)"), std::string::npos) << line;
   EXPECT_NE(line.find("saved 1 rows vs NONE"), std::string::npos) << line;
+  // Before the row size is known, the line counts rows only (no misleading "0 B").
+  const std::string rowsOnly = describePlan(shape, nodes, 0, send, recv, 0, Dedup::Rank);
+  EXPECT_NE(rowsOnly.find("intra-node 1 rows, inter-node 2 rows,"), std::string::npos) << rowsOnly;
+  EXPECT_EQ(rowsOnly.find(" B,"), std::string::npos) << rowsOnly;
 }
 
 TEST(MoePlan, LargeLayerPlansQuickly) {
