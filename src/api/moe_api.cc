@@ -51,23 +51,15 @@ Dedup chooseDedup(int requested, int numNodes, ArgCheck* a) {
   return Dedup::Rank;
 }
 
-// Runs a collective engine op whose messages are plain host buffers (plan-time exchanges).
+// A plan-time exchange of plain host buffers: sends[p] to rank p, recvs[p] from it.
 fuscoResult_t exchange(fuscoComm_t comm, const char* name, const ArgCheck& a,
                        const std::vector<RowStream>& sends, const std::vector<RowStream>& recvs) {
-  int n = comm->impl->nranks();
-  Op op(n);
-  op.name = name;
-  op.kind = OpKind::Moe;
-  op.collective = true;
-  op.argStatus = a.status;
-  op.argError = a.message;
-  if (a.status == fuscoSuccess) {
-    for (int p = 0; p < n; ++p) {
-      op.peers[p].sends.push_back(sends[p]);
-      op.peers[p].recvs.push_back(recvs[p]);
-    }
+  std::vector<PeerWork> work(sends.size());
+  for (size_t p = 0; p < work.size(); ++p) {
+    work[p].sends.push_back(sends[p]);
+    work[p].recvs.push_back(recvs[p]);
   }
-  return runOp(*comm->impl, op);
+  return runMoeOp(comm, name, a, work);
 }
 
 // Sizes first, then the metadata itself; fills metaFrom[s].

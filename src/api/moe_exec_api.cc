@@ -16,6 +16,20 @@
 
 using namespace fusco;
 
+fuscoResult_t fusco::runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
+                              const std::vector<PeerWork>& work, bool agreed) {
+  Communicator& c = *comm->impl;
+  Op op(c.nranks());
+  op.name = name;
+  op.kind = OpKind::Moe;
+  op.collective = true;
+  op.argStatus = a.status;
+  op.argError = a.message;
+  op.agreed = agreed;
+  if (a.status == fuscoSuccess) op.peers = work;
+  return runOp(c, op);
+}
+
 namespace {
 
 enum ScratchSlot { kLandingScratch = 1 };
@@ -28,20 +42,6 @@ struct Traffic {
     else interRows += rows, interBytes += bytes;
   }
 };
-
-fuscoResult_t runMoeOp(fuscoMoeHandle& h, const char* name, const ArgCheck& a,
-                       const std::vector<PeerWork>& work, bool agreed = false) {
-  Communicator& c = *h.comm->impl;
-  Op op(c.nranks());
-  op.name = name;
-  op.kind = OpKind::Moe;
-  op.collective = true;
-  op.argStatus = a.status;
-  op.argError = a.message;
-  op.agreed = agreed;
-  if (a.status == fuscoSuccess) op.peers = work;
-  return runOp(c, op);
-}
 
 size_t rowsToSend(const fuscoMoeHandle& h) {
   size_t n = 0;
@@ -161,7 +161,7 @@ fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const Arg
     work[p].recvs.push_back(RowStream::flat(h.recvWeights[p].data(), h.recvWeights[p].size() * sizeof(float)));
     traffic->add(c, p, 0, h.weightIdx[p].size() * sizeof(float));
   }
-  return runMoeOp(h, "fuscoMoeCombine (weights)", a, work);
+  return runMoeOp(h.comm, "fuscoMoeCombine (weights)", a, work);
 }
 
 fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
@@ -195,7 +195,7 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
     traffic.add(c, p, back, back * rowOut);
   }
   // After the weights exchange every rank knows the call is valid everywhere.
-  FUSCO_CHECK(runMoeOp(h, "fuscoMoeCombine", a, work, h.dedup != Dedup::None));
+  FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, h.dedup != Dedup::None));
   finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, out);
   h.stats.combineBytesIntraNode = traffic.intraBytes;
   h.stats.combineBytesInterNode = traffic.interBytes;
@@ -239,7 +239,7 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     }
     if (a.status == fuscoSuccess)
       for (int64_t row : h.recv.paddingRows) memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
-    FUSCO_CHECK(runMoeOp(h, "fuscoMoeDispatch", a, work));
+    FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeDispatch", a, work));
     h.stats.dispatchRowsIntraNode = traffic.intraRows;
     h.stats.dispatchRowsInterNode = traffic.interRows;
     h.stats.dispatchBytesIntraNode = traffic.intraBytes;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "api/api_internal.h"
+#include "engine/engine.h"
 #include "plan/moe_plan.h"
 
 struct fuscoMoeHandle {
@@ -23,3 +24,13 @@ struct fuscoMoeHandle {
   std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
 };
+
+namespace fusco {
+
+// One collective engine operation of a MoE call: work[p] is what this rank sends to and receives
+// from rank p. A rank whose own arguments failed (`a`) still takes part so nobody waits for it.
+// agreed: every rank already validated this call in an earlier operation (no verdict round).
+fuscoResult_t runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
+                       const std::vector<PeerWork>& work, bool agreed = false);
+
+}  // namespace fusco

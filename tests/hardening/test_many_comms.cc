@@ -18,38 +18,13 @@
 #include "harness/moe_cases.h"
 #include "harness/moe_reference.h"
 #include "harness/mp_harness.h"
+#include "harness/resources.h"
 
 namespace {
 
 using fusco::test::RankCtx;
 
-struct Usage {
-  long rssKiB = 0;
-  int fds = 0;
-  int shmMaps = 0;      // mappings of fusco memfd segments
-  size_t shmNames = 0;  // /dev/shm entries naming fusco
-};
-
-Usage usage() {
-  Usage u;
-  long pages = 0, resident = 0;
-  if (FILE* f = fopen("/proc/self/statm", "r")) {
-    if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    fclose(f);
-  }
-  u.rssKiB = resident * (sysconf(_SC_PAGESIZE) / 1024);
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') ++u.fds;
-    closedir(d);
-    --u.fds;  // the directory's own fd
-  }
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);)
-    if (line.find("fusco-shm") != std::string::npos) ++u.shmMaps;
-  u.shmNames = fusco::test::fuscoShmEntries().size();
-  return u;
-}
+using Usage = fusco::test::Resources;
 
 // Rank 0 makes `count` fresh unique ids and every rank gets them through `via` (an all-to-all
 // in which only rank 0's block carries data). An id serves one communicator, so each new comm
@@ -107,14 +82,14 @@ TEST(ManyComms, HundredCreateDestroyCyclesLeakNothing) {
     ASSERT_TRUE(shareNewIds(keeper, ctx, kWarmup + kCycles, &ids));
     Usage before;
     for (int i = 0; i < kWarmup + kCycles && !::testing::Test::HasFailure(); ++i) {
-      if (i == kWarmup) before = usage();
+      if (i == kWarmup) before = fusco::test::measureResources();
       fuscoComm_t c = nullptr;
       fuscoResult_t r = fuscoCommInitRank(&c, ctx.nranks, ids[i], ctx.rank);
       ASSERT_EQ(r, fuscoSuccess) << "cycle " << i << ": " << fuscoGetLastError(nullptr);
       allToAllChecked(c, ctx, seed + i, 24 + i % 40, "cycle " + std::to_string(i));
       FUSCO_EXPECT_OK(c, fuscoCommDestroy(c));
     }
-    Usage after = usage();
+    Usage after = fusco::test::measureResources();
     if (ctx.rank == 0)
       printf("[many-comms] rank 0 over %d cycles: RSS %ld -> %ld KiB, fds %d -> %d, fusco shm "
              "mappings %d -> %d, /dev/shm fusco entries %zu -> %zu\n",

@@ -18,6 +18,7 @@
 #include "harness/moe_cases.h"
 #include "harness/moe_reference.h"
 #include "harness/mp_harness.h"
+#include "harness/resources.h"
 
 namespace {
 
@@ -25,34 +26,8 @@ using fusco::test::CombineSetup;
 using fusco::test::MoeCase;
 using fusco::test::RankCtx;
 
-// What a rank holds from the system; compared before and after many rounds.
-struct Resources {
-  long rssKiB = 0;
-  int fds = 0;
-  int shmMaps = 0;      // mappings of fusco memfd segments ("/memfd:fusco-shm")
-  size_t shmNames = 0;  // /dev/shm entries naming fusco (the library makes none)
-};
-
-Resources measure() {
-  Resources r;
-  long pages = 0, resident = 0;
-  if (FILE* f = fopen("/proc/self/statm", "r")) {
-    if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    fclose(f);
-  }
-  r.rssKiB = resident * (sysconf(_SC_PAGESIZE) / 1024);
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') ++r.fds;
-    closedir(d);
-    --r.fds;  // the directory's own fd
-  }
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);)
-    if (line.find("fusco-shm") != std::string::npos) ++r.shmMaps;
-  r.shmNames = fusco::test::fuscoShmEntries().size();
-  return r;
-}
+using fusco::test::measureResources;
+using fusco::test::Resources;
 
 int soakIters() {
   const char* e = getenv("FUSCO_SOAK_ITERS");
@@ -128,11 +103,11 @@ TEST(Soak, TenThousandChangingMoeRoundsLeakNothingAndStayExact) {
     Resources before;
     int done = 0;
     for (int i = 0; i < iters && !::testing::Test::HasFailure(); ++i, ++done) {
-      if (i == warmup) before = measure();
+      if (i == warmup) before = measureResources();
       soakRound(comm, ctx, seed, i);
     }
     EXPECT_EQ(done, iters) << "stopped at the first failing round";
-    Resources after = measure();
+    Resources after = measureResources();
     if (ctx.rank == 0)
       printf("[soak] rank 0: %d rounds; RSS %ld -> %ld KiB, fds %d -> %d, fusco shm mappings "
              "%d -> %d, /dev/shm fusco entries %zu -> %zu\n",
