@@ -5,6 +5,11 @@
 // per-iteration time. With -c 1 every received element is checked against the value its sender
 // wrote (a seeded hash of source rank, destination rank and index), and #wrong is summed over
 // ranks.
+//
+// --mem cuda: the buffers are device memory and the calls go to a fuscoMemCuda comm on the rank's
+// stream (cuda_mem.h). The timed loop enqueues the iterations and then waits for the stream, as
+// nccl-tests does; the checked call's bytes are copied to the host and checked there. Barriers
+// and results stay on the host comm made from the launcher's id.
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -15,15 +20,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cuda_mem.h"
 #include "fusco.h"
 #include "launcher.h"
 
 namespace {
 
+using fusco::perf::BufferKind;
 using fusco::perf::Launch;
+using fusco::perf::MemMode;
 
 struct TypeInfo {
   const char* name;
@@ -47,7 +56,8 @@ struct Options {
   int iters = 20;
   int warmup = 5;
   int check = 1;
-  int arena = 1;
+  int arena = 1;  // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
+  MemMode mem = MemMode::Host;
   const TypeInfo* type = &kTypes[7];  // float
   const char* jsonPath = nullptr;
   fusco::perf::LaunchOptions launch;
@@ -64,7 +74,11 @@ void usage(const char* prog) {
       "  -c 0|1     check every received element (default 1)\n"
       "  -d TYPE    int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8e4m3\n"
       "             fp8e5m2 (default float)\n"
-      "  -a 0|1     buffers from fuscoMemAlloc (1, one-copy path) or malloc (0) (default 1)\n"
+      "  -a 0|1|2   buffers from fuscoMemAlloc (1, one-copy path) or malloc (0) (default 1);\n"
+      "             with --mem cuda: fuscoMemAlloc (1), cudaMalloc (0), cudaMalloc +\n"
+      "             fuscoCommRegister (2)\n"
+      "  --mem M    host | cuda | auto (default host): cuda = device buffers, a fuscoMemCuda\n"
+      "             comm, stream-ordered calls; auto = cuda when a CUDA device is present\n"
       "  -np N      fork N local ranks (else: mpirun / srun / torchrun environment, else 1 rank)\n"
       "  -J FILE    append one JSON line per size to FILE (rank 0)\n"
       "  -h         this help\n"
@@ -100,7 +114,9 @@ int parseArgs(int argc, char** argv, Options* o) {
     else if (a == "-c")
       ok = fusco::perf::parseInt(v, &o->check) && (o->check == 0 || o->check == 1);
     else if (a == "-a")
-      ok = fusco::perf::parseInt(v, &o->arena) && (o->arena == 0 || o->arena == 1);
+      ok = fusco::perf::parseInt(v, &o->arena) && o->arena >= 0 && o->arena <= 2;
+    else if (a == "--mem")
+      ok = fusco::perf::parseMemMode(v, &o->mem);
     else if (a == "-np")
       ok = fusco::perf::parseInt(v, &o->launch.np) && o->launch.np >= 1;
     else if (a == "-J")
@@ -151,7 +167,12 @@ class Rank {
 
  private:
   bool ok(fuscoResult_t r, const char* what);
+  bool dataOk(fuscoResult_t r);  // a call on the data comm
+  bool cudaOk(bool good, const char* what);
+  bool cuda() const { return o_.mem == MemMode::Cuda; }
+  bool initCuda();
   bool allocBuffers(size_t bytes);
+  bool allocDevice(size_t bytes);
   bool gatherInfo();
   bool barrier();
   bool maxOverRanks(double mine, double* out);
@@ -168,16 +189,28 @@ class Rank {
   char* send_ = nullptr;
   char* recv_ = nullptr;
   FILE* json_ = nullptr;
+  // The comm and stream the measured calls use: comm_ and NULL, or (--mem cuda) the device's.
+  fuscoComm_t data_ = nullptr;
+  void* stream_ = nullptr;
+  // Host views of the buffers, where fill() writes and verify() reads: send_ / recv_ themselves,
+  // or (--mem cuda) host staging copies of the device buffers.
+  char* hsend_ = nullptr;
+  char* hrecv_ = nullptr;
+  // --mem cuda: device, stream, data comm; the device buffers (freed before the comm) and staging.
+  fusco::perf::CudaRank cuda_;
+  std::unique_ptr<fusco::perf::DeviceBuffers> dbufs_;
+  std::unique_ptr<char[]> staging_[2];
 };
 
 Rank::~Rank() {
+  dbufs_.reset();  // --mem cuda: the device buffers (cuda_ destroys their comm afterwards)
   if (comm_ != nullptr) {
     for (char* p : {send_, recv_}) {
-      if (p != nullptr && o_.arena) fuscoMemFree(comm_, p);
+      if (p != nullptr && o_.arena && !cuda()) fuscoMemFree(comm_, p);
     }
     fuscoCommDestroy(comm_);
   }
-  if (!o_.arena) {
+  if (!o_.arena && !cuda()) {
     free(send_);
     free(recv_);
   }
@@ -191,8 +224,45 @@ bool Rank::ok(fuscoResult_t r, const char* what) {
   return false;
 }
 
+bool Rank::dataOk(fuscoResult_t r) {
+  if (r == fuscoSuccess) return true;
+  fprintf(stderr, "# rank %d: fuscoAllToAll failed: %s: %s\n", l_.rank, fuscoGetErrorString(r),
+          fuscoGetLastError(data_));
+  return false;
+}
+
+bool Rank::cudaOk(bool good, const char* what) {
+  if (!good) fprintf(stderr, "# rank %d: %s\n", l_.rank, what);
+  return good;
+}
+
+// --mem cuda: device, stream and the fuscoMemCuda data comm (collective over comm_).
+bool Rank::initCuda() {
+  std::string err;
+  if (!fusco::perf::cudaRankInit(comm_, l_.rank, l_.nranks, &cuda_, &err))
+    return cudaOk(false, ("--mem cuda: " + err).c_str());
+  data_ = cuda_.comm;
+  stream_ = cuda_.stream;
+  return true;
+}
+
+// --mem cuda: device send and receive buffers of the chosen kind, and their host staging copies.
+bool Rank::allocDevice(size_t bytes) {
+  std::string err;
+  dbufs_.reset(new fusco::perf::DeviceBuffers(data_, static_cast<BufferKind>(o_.arena)));
+  send_ = static_cast<char*>(dbufs_->alloc(bytes, &err));
+  recv_ = send_ != nullptr ? static_cast<char*>(dbufs_->alloc(bytes, &err)) : nullptr;
+  if (recv_ == nullptr) return cudaOk(false, err.c_str());
+  staging_[0].reset(new char[bytes]);
+  staging_[1].reset(new char[bytes]);
+  hsend_ = staging_[0].get();
+  hrecv_ = staging_[1].get();
+  return true;
+}
+
 bool Rank::allocBuffers(size_t bytes) {
   bytes = bytes < 64 ? 64 : bytes;
+  if (cuda()) return allocDevice(bytes);
   if (o_.arena) {
     void* s = nullptr;
     void* r = nullptr;
@@ -200,6 +270,7 @@ bool Rank::allocBuffers(size_t bytes) {
     send_ = static_cast<char*>(s);
     if (!ok(fuscoMemAlloc(comm_, &r, bytes), "fuscoMemAlloc")) return false;
     recv_ = static_cast<char*>(r);
+    hsend_ = send_, hrecv_ = recv_;
     return true;
   }
   void* s = nullptr;
@@ -211,6 +282,7 @@ bool Rank::allocBuffers(size_t bytes) {
   }
   send_ = static_cast<char*>(s);
   recv_ = static_cast<char*>(r);
+  hsend_ = send_, hrecv_ = recv_;
   return true;
 }
 
@@ -246,8 +318,11 @@ bool Rank::gatherInfo() {
   gethostname(host, sizeof(host) - 1);
   const size_t kRec = 128;
   char rec[kRec] = {};
-  snprintf(rec, kRec, "Rank %3d Pid %7d on %-16.32s node %d/%d local rank %d/%d", l_.rank,
-           static_cast<int>(getpid()), host, node, numNodes, localRank, localSize);
+  int len = snprintf(rec, kRec, "Rank %3d Pid %7d on %-16.32s node %d/%d local rank %d/%d",
+                     l_.rank, static_cast<int>(getpid()), host, node, numNodes, localRank,
+                     localSize);
+  if (cuda() && len > 0 && static_cast<size_t>(len) < kRec)
+    snprintf(rec + len, kRec - len, " device %d [%s]", cuda_.device, cuda_.gpuName.c_str());
   std::vector<char> s(kRec * l_.nranks), r(kRec * l_.nranks);
   for (int p = 0; p < l_.nranks; ++p) memcpy(&s[kRec * p], rec, kRec);
   if (!ok(fuscoAllToAll(s.data(), r.data(), kRec, fuscoUint8, comm_, nullptr), "fuscoAllToAll"))
@@ -268,7 +343,12 @@ void Rank::printHeader(const std::vector<std::string>& info) const {
       "# minBytes %zu maxBytes %zu step: %d(factor) warmup iters: %d iters: %d "
       "validation: %d datatype: %s buffers: %s\n",
       o_.minBytes, o_.maxBytes, o_.factor, o_.warmup, o_.iters, o_.check, o_.type->name,
-      o_.arena ? "fuscoMemAlloc" : "malloc");
+      cuda() ? fusco::perf::bufferKindText(static_cast<BufferKind>(o_.arena))
+      : o_.arena ? "fuscoMemAlloc" : "malloc");
+  if (cuda())
+    printf("# memory: cuda (fuscoMemCuda comm, stream-ordered; iterations enqueued back to back, "
+           "then cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d)\n",
+           cuda_.gpuName.c_str(), cuda_.device, cuda_.deviceCount);
   printf("#\n# Ranks\n");
   for (const std::string& s : info) printf("#  %s\n", s.c_str());
   printf("#\n");
@@ -282,7 +362,7 @@ void Rank::printHeader(const std::vector<std::string>& info) const {
 void Rank::fill(size_t count, uint64_t seed) {
   const size_t tb = o_.type->bytes;
   for (int dst = 0; dst < l_.nranks; ++dst) {
-    char* block = send_ + static_cast<size_t>(dst) * count * tb;
+    char* block = hsend_ + static_cast<size_t>(dst) * count * tb;
     for (size_t i = 0; i < count; ++i)
       storeBits(block + i * tb, tb, elementValue(seed, l_.rank, dst, i));
   }
@@ -292,7 +372,7 @@ int64_t Rank::verify(size_t count, uint64_t seed) const {
   const size_t tb = o_.type->bytes;
   int64_t wrong = 0;
   for (int src = 0; src < l_.nranks; ++src) {
-    const char* block = recv_ + static_cast<size_t>(src) * count * tb;
+    const char* block = hrecv_ + static_cast<size_t>(src) * count * tb;
     for (size_t i = 0; i < count; ++i) {
       uint64_t want = elementValue(seed, src, l_.rank, i);
       if (sameBits(block + i * tb, tb, want)) continue;
@@ -310,29 +390,39 @@ int64_t Rank::verify(size_t count, uint64_t seed) const {
 }
 
 // Times one size: warmup, a barrier, iters timed calls; then (with -c 1) one checked call into a
-// poisoned receive buffer.
+// poisoned receive buffer. --mem cuda: the warmup is waited for before the barrier, the timed
+// calls are enqueued back to back and the clock stops when the stream is done.
 bool Rank::runSize(size_t count, double* usPerIter, int64_t* wrong) {
   const uint64_t seed = 0x5eedf05c0ULL ^ (count * 0x100000001b3ULL);
   const size_t bytes = count * o_.type->bytes * l_.nranks;
+  std::string err;
+  auto syncOk = [&](const char* what) {
+    return !cuda() || cudaOk(fusco::perf::cudaSyncStream(stream_, what, &err), err.c_str());
+  };
   fill(count, seed);
+  auto copyOk = [&](void* dst, const void* src) {
+    return cudaOk(fusco::perf::cudaCopySync(dst, src, bytes, stream_, &err), err.c_str());
+  };
+  if (cuda() && !copyOk(send_, hsend_)) return false;
   for (int i = 0; i < o_.warmup; ++i) {
-    if (!ok(fuscoAllToAll(send_, recv_, count, o_.type->type, comm_, nullptr), "fuscoAllToAll"))
-      return false;
+    if (!dataOk(fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_))) return false;
   }
-  if (!barrier()) return false;
+  if (!syncOk("the warmup") || !barrier()) return false;
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o_.iters; ++i) {
-    if (!ok(fuscoAllToAll(send_, recv_, count, o_.type->type, comm_, nullptr), "fuscoAllToAll"))
-      return false;
+    if (!dataOk(fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_))) return false;
   }
+  if (!syncOk("the timed iterations")) return false;
   double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (!maxOverRanks(us / o_.iters, usPerIter)) return false;
   *wrong = 0;
   if (!o_.check) return true;
-  memset(recv_, 0xA5, bytes);
-  if (!ok(fuscoAllToAll(send_, recv_, count, o_.type->type, comm_, nullptr), "fuscoAllToAll"))
+  if (!cuda()) memset(recv_, 0xA5, bytes);
+  else if (!cudaOk(fusco::perf::cudaFillSync(recv_, 0xA5, bytes, stream_, &err), err.c_str()))
     return false;
+  if (!dataOk(fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_))) return false;
+  if (cuda() && !copyOk(hrecv_, recv_)) return false;
   return sumOverRanks(verify(count, seed), wrong);
 }
 
@@ -348,10 +438,12 @@ void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double 
             "{\"bench\":\"alltoall_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
             "\"type\":\"%s\",\"buffers\":\"%s\",\"size\":%zu,\"count\":%zu,\"iters\":%d,"
             "\"warmup\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
-            "\"wrong\":%" PRId64 ",\"checked\":%d}\n",
+            "\"wrong\":%" PRId64 ",\"checked\":%d%s}\n",
             static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.type->name,
-            o_.arena ? "arena" : "malloc", bytes, count, o_.iters, o_.warmup, us, algbw, busbw,
-            wrong, o_.check);
+            cuda() ? (o_.arena == 1 ? "arena" : o_.arena == 2 ? "registered" : "cudaMalloc")
+            : o_.arena ? "arena" : "malloc",
+            bytes, count, o_.iters, o_.warmup, us, algbw, busbw, wrong, o_.check,
+            cuda() ? (",\"mem\":\"cuda\",\"gpu\":\"" + cuda_.gpuName + "\"").c_str() : "");
     fflush(json_);
   }
 }
@@ -364,6 +456,8 @@ int Rank::run() {
   const int64_t jsonFailed = (l_.rank == 0 && o_.jsonPath != nullptr && json_ == nullptr) ? 1 : 0;
   int64_t anyJsonFailed = 0;  // every rank stops together
   if (!sumOverRanks(jsonFailed, &anyJsonFailed) || anyJsonFailed != 0) return 1;
+  data_ = comm_;
+  if (cuda() && !initCuda()) return 1;
   if (!gatherInfo()) return 1;
   const size_t unit = o_.type->bytes * l_.nranks;
   if (!allocBuffers(o_.maxBytes / unit * unit)) return 1;
@@ -408,6 +502,11 @@ int main(int argc, char** argv) {
   Options o;
   int rc = parseArgs(argc, argv, &o);
   if (rc != 0) return rc == 1 ? 0 : rc;
+  if ((rc = fusco::perf::resolveMemMode(argv[0], &o.mem)) != 0) return rc;
+  if (o.arena == 2 && o.mem != MemMode::Cuda) {
+    fprintf(stderr, "%s: -a 2 (cudaMalloc + fuscoCommRegister) needs --mem cuda\n", argv[0]);
+    return 2;
+  }
   return fusco::perf::launchRanks(o.launch, [&o](const Launch& l) {
     Rank rank(o, l);
     return rank.run();

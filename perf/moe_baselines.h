@@ -68,6 +68,11 @@ class UnfusedPipeline {
   const std::vector<size_t>& sendRowsTo() const { return sendTo_; }
   const std::vector<size_t>& recvRowsFrom() const { return recvFrom_; }
   const std::string& error() const { return ex_->error; }
+  // The last plan's metadata, for the device copy of this pipeline (moe_cuda.cc): permuted row ->
+  // token, token * topk + k -> permuted row (-1: unused slot), rows per [source][local expert].
+  const std::vector<int64_t>& permutation() const { return permIdx_; }
+  const std::vector<int64_t>& slotPositions() const { return slotPos_; }
+  const std::vector<int64_t>& chunkRows() const { return recvCounts_; }
 
  private:
   // Chunk copies between [source][local expert] and [local expert][source] order.

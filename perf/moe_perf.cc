@@ -8,6 +8,8 @@
 //            -np N the binary re-launches itself under mpirun when it can).
 //   limit    a plain memcpy of the bytes each rank must move (its dispatch rows, then its combine
 //            rows), in the same run.
+// --mem cuda runs the same contenders on device buffers, stream-ordered, with CUDA kernels for the
+// unfused pipeline and a device-to-device copy as the limit (moe_cuda.h); mpi is host-only there.
 // Contenders run interleaved each iteration, with a barrier (a tiny fuscoAllToAll) before every
 // phase. A phase's time is the slowest rank's; the table shows the median over iterations.
 #include <sys/wait.h>
@@ -28,51 +30,20 @@
 #include <thread>
 #include <vector>
 
-#include "fusco.h"
-#include "launcher.h"
-#include "moe_baselines.h"
-#include "moe_routing.h"
+#include "moe_perf.h"
 
-namespace {
+namespace fusco {
+namespace perf {
 
-using fusco::perf::Launch;
-using namespace fusco::perf;
-
-std::string g_noMpiReason = "built without MPI";  // why the mpi contender cannot run
-
-enum { kFusco = 0, kUnfused = 1, kMpi = 2, kLimit = 3, kNumContenders = 4 };
 const char* const kContenderNames[kNumContenders] = {"fusco", "unfused", "mpi", "limit"};
-const char* const kDedupNames[] = {"auto", "none", "rank", "node"};      // FUSCO_DEDUP_* order
-const char* const kBalanceNames[] = {"auto", "none", "static", "greedy"};  // FUSCO_BALANCE_*
-
-struct Options {
-  size_t hidden = 7168;
-  fuscoDataType_t dtype = fuscoBfloat16;
-  size_t tokens = 4096;
-  int topk = 8;
-  int experts = 256;
-  Pattern pattern = Pattern::Uniform;
-  uint64_t seed = 1;
-  int iters = 5;
-  int warmup = 1;
-  int check = 1;
-  int dedup = FUSCO_DEDUP_AUTO;
-  int balance = FUSCO_BALANCE_AUTO;
-  bool fuse = true;
-  bool replan = true;  // off: plan once and reuse the handle / permutation (steady state)
-  int arena = 1;
-  bool contenders[kNumContenders] = {true, true, true, true};
-  bool mpiLaunch = true;  // --mpi-launch auto: re-launch -np N under mpirun for the mpi contender
-  bool mpiProbe = false;  // internal: check that mpirun can start this binary with MPI
-  const char* jsonPath = nullptr;
-  LaunchOptions launch;
-};
+const char* const kDedupNames[4] = {"auto", "none", "rank", "node"};
+const char* const kBalanceNames[4] = {"auto", "none", "static", "greedy"};
 
 const char* dtypeName(fuscoDataType_t dt) {
   return dt == fuscoFloat32 ? "fp32" : dt == fuscoFloat16 ? "fp16" : "bf16";
 }
 
-fuscoMoeConfig_t moeConfig(const Options& o) {
+fuscoMoeConfig_t moeConfig(const MoeOptions& o) {
   fuscoMoeConfig_t cfg = FUSCO_MOE_CONFIG_INITIALIZER;
   cfg.numExperts = o.experts;
   cfg.dedup = o.dedup;
@@ -80,6 +51,20 @@ fuscoMoeConfig_t moeConfig(const Options& o) {
   cfg.expertAlignment = 0;  // so recvX has exactly the unfused pipeline's sorted layout
   return cfg;
 }
+
+double dtypeEps(fuscoDataType_t dt) {
+  return dt == fuscoFloat32 ? 1.0 / (1 << 20) : dt == fuscoFloat16 ? 1.0 / 2048 : 1.0 / 256;
+}
+
+}  // namespace perf
+}  // namespace fusco
+
+namespace {
+
+using fusco::perf::Launch;
+using namespace fusco::perf;
+
+std::string g_noMpiReason = "built without MPI";  // why the mpi contender cannot run
 
 void usage(const char* prog) {
   printf(
@@ -99,7 +84,12 @@ void usage(const char* prog) {
       "  --replan on|off     plan every iteration, as routing changes every step (on); off:\n"
       "                      plan once, reuse the handle and the pipelines' permutation\n"
       "  --contenders LIST   comma list of fusco,unfused,mpi,limit (all available)\n"
-      "  -a 0|1              buffers from fuscoMemAlloc (1) or malloc (0) (1)\n"
+      "  -a 0|1|2            buffers from fuscoMemAlloc (1) or malloc (0) (1); with --mem cuda:\n"
+      "                      fuscoMemAlloc (1), cudaMalloc (0), cudaMalloc + fuscoCommRegister\n"
+      "                      (2)\n"
+      "  --mem M             host | cuda | auto: where x, recvX, out, ... live (host); cuda:\n"
+      "                      device buffers, stream-ordered calls, CUDA-kernel pipeline,\n"
+      "                      device-copy limit; auto: cuda when a CUDA device is present\n"
       "  --mpi-launch M      auto | off: with -np N re-launch under mpirun for the mpi contender\n"
       "  -np N               fork N local ranks (else mpirun / srun / torchrun, else 1 rank)\n"
       "  -J FILE             append one JSON line per contender to FILE (rank 0)\n"
@@ -132,7 +122,7 @@ bool parseName(const char* v, const char* const* names, int n, int* out) {
 }
 
 // One option with its value; false on a bad value or an unknown option (*known = false).
-bool parseOption(const std::string& a, const char* v, Options* o, bool* known) {
+bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known) {
   *known = true;
   int i = 0;
   if (a == "--hidden") return parseSize(v, &o->hidden) && o->hidden > 0;
@@ -143,7 +133,8 @@ bool parseOption(const std::string& a, const char* v, Options* o, bool* known) {
   if (a == "-n") return parseInt(v, &o->iters) && o->iters >= 1;
   if (a == "-w") return parseInt(v, &o->warmup) && o->warmup >= 0;
   if (a == "-c") return parseInt(v, &o->check) && (o->check == 0 || o->check == 1);
-  if (a == "-a") return parseInt(v, &o->arena) && (o->arena == 0 || o->arena == 1);
+  if (a == "-a") return parseInt(v, &o->arena) && o->arena >= 0 && o->arena <= 2;
+  if (a == "--mem") return parseMemMode(v, &o->mem);
   if (a == "-np") return parseInt(v, &o->launch.np) && o->launch.np >= 1;
   if (a == "-J") return (o->jsonPath = v), true;
   if (a == "--pattern") return parsePattern(v, &o->pattern);
@@ -165,7 +156,7 @@ bool parseOption(const std::string& a, const char* v, Options* o, bool* known) {
 }
 
 // Returns 0 to run, 1 after -h, 2 on a bad command line (message printed).
-int parseArgs(int argc, char** argv, Options* o) {
+int parseArgs(int argc, char** argv, MoeOptions* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") return usage(argv[0]), 1;
@@ -205,54 +196,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-struct Result {  // rank 0's summary of one contender
-  bool ran = false;
-  double plan = 0, dispatch = 0, combine = 0, total = 0, totalMin = 0;
-  int64_t intra = 0, inter = 0, wrong = 0;
-};
+}  // namespace
 
-class Bench {
- public:
-  Bench(const Options& o, const Launch& l) : o_(o), l_(l) {}
-  ~Bench();
-  int run();
-
- private:
-  bool ok(fuscoResult_t r, const char* what);
-  bool pipeOk(bool good, const char* what, const UnfusedPipeline& p);
-  bool setup();
-  bool allocate();
-  void* alloc(size_t bytes);
-  bool barrier();
-  bool allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt);
-  bool runContender(int c, double* t, int64_t* wrong);
-  bool runFusco(double* t, int64_t* wrong);
-  bool runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong);
-  bool runLimit(double* t);
-  int64_t compareDispatch(const char* got, size_t rows) const;
-  int64_t checkCombine() const;
-  bool trafficOf(int c, int64_t* intra, int64_t* inter);
-  bool summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
-                 std::vector<Result>* res);
-  void printHeader(const std::vector<int64_t>& rowsPerRank) const;
-  void printTable(const std::vector<Result>& res) const;
-
-  const Options& o_;
-  const Launch& l_;
-  fuscoComm_t comm_ = nullptr;
-  fuscoMoeHandle_t handle_ = nullptr;
-  int node_ = 0, numNodes_ = 1;
-  std::vector<int> nodeOfRank_;
-  std::vector<int64_t> topkIdx_;
-  std::vector<float> weights_;
-  size_t elem_ = 2, rowBytes_ = 0, recvRows_ = 0, bufRows_ = 0;
-  char *x_ = nullptr, *recvX_ = nullptr, *p_ = nullptr, *q_ = nullptr, *out_ = nullptr;
-  std::vector<void*> owned_;
-  std::unique_ptr<RowExchange> fuscoEx_, mpiEx_;
-  std::unique_ptr<UnfusedPipeline> unfused_, mpi_;
-  bool active_[kNumContenders] = {};
-  FILE* json_ = nullptr;
-};
+namespace fusco {
+namespace perf {
 
 Bench::~Bench() {
   if (handle_ != nullptr) fuscoMoeHandleDestroy(handle_);
@@ -323,11 +270,12 @@ bool Bench::setup() {
   makeWeights(o_.seed, l_.rank, o_.tokens * o_.topk, &weights_);
   fuscoDataTypeSize(o_.dtype, &elem_);
   rowBytes_ = o_.hidden * elem_;
+  if (o_.mem == MemMode::Cuda && !setupCuda()) return false;
   fuscoEx_ = makeFuscoExchange(comm_, l_.nranks);
-  unfused_.reset(new UnfusedPipeline(fuscoEx_.get(), l_.rank, l_.nranks, o_.experts, o_.topk,
-                                     o_.tokens));
+  unfused_.reset(new UnfusedPipeline(gpu_ ? gpu_->exchange() : fuscoEx_.get(), l_.rank,
+                                     l_.nranks, o_.experts, o_.topk, o_.tokens));
 #ifdef FUSCO_HAVE_MPI
-  if (l_.mpi) {
+  if (l_.mpi && !gpu_) {  // host-only contender
     mpiEx_ = makeMpiExchange(l_.nranks);
     mpi_.reset(new UnfusedPipeline(mpiEx_.get(), l_.rank, l_.nranks, o_.experts, o_.topk,
                                    o_.tokens));
@@ -342,6 +290,7 @@ bool Bench::setup() {
 // P and Q (max of the pipeline's send and receive rows, reused by every pipeline and the limit),
 // out (tokens rows). Every contender reuses them.
 bool Bench::allocate() {
+  if (gpu_) return allocateCuda();
   fuscoMoeConfig_t cfg = moeConfig(o_);
   if (!ok(fuscoMoePlan(&handle_, comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
           "fuscoMoePlan") ||
@@ -365,6 +314,7 @@ bool Bench::allocate() {
 }
 
 bool Bench::runContender(int c, double* t, int64_t* wrong) {
+  if (gpu_) return runCuda(c, t, wrong);
   switch (c) {
     case kFusco: return o_.fuse ? runFusco(t, wrong) : runPipeline(*unfused_, t, wrong);
     case kUnfused: return runPipeline(*unfused_, t, wrong);
@@ -435,7 +385,6 @@ bool Bench::runLimit(double* t) {
   t[2] = nowMs() - t0;
   return true;
 }
-
 // Rows of got that differ from fusco's recvX (same expert-major layout); a count mismatch makes
 // every row wrong.
 int64_t Bench::compareDispatch(const char* got, size_t rows) const {
@@ -454,8 +403,7 @@ int64_t Bench::compareDispatch(const char* got, size_t rows) const {
 // Expert compute is the identity, so out[t] should be (sum over valid k of w[t][k]) * x[t],
 // within the rounding of the combine tree (three roundings to dtype at most).
 int64_t Bench::checkCombine() const {
-  const double eps = o_.dtype == fuscoFloat32 ? 1.0 / (1 << 20)
-                     : o_.dtype == fuscoFloat16 ? 1.0 / 2048 : 1.0 / 256;
+  const double eps = dtypeEps(o_.dtype);
   int64_t wrong = 0;
   for (size_t t = 0; t < o_.tokens; ++t) {
     double sw = 0;
@@ -523,7 +471,9 @@ int Bench::run() {
   std::vector<int64_t> wrong(kNumContenders, 0);
   if (o_.check) {
     // recvX must hold the fused dispatch output that the pipelines are compared with.
-    if (!o_.fuse && !ok(fuscoMoeDispatch(handle_, x_, rowBytes_, recvX_, nullptr), "dispatch"))
+    if (gpu_ ? !cudaReference()
+             : !o_.fuse &&
+                   !ok(fuscoMoeDispatch(handle_, x_, rowBytes_, recvX_, nullptr), "dispatch"))
       return 1;
     for (int c : {kFusco, kUnfused, kMpi}) {
       double t[3];
@@ -575,6 +525,11 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
       r.wrong += allCounts[k * 3 * C + 3 * c + 2];
     }
   }
+  if (!gpu_) return true;
+  std::vector<double> diffs(C * n);
+  if (!allToAllSame(maxDiff_, diffs.data(), C, fuscoFloat64)) return false;
+  for (int c = 0; c < C; ++c)
+    for (int k = 0; k < n; ++k) (*res)[c].maxDiff = std::max((*res)[c].maxDiff, diffs[k * C + c]);
   return true;
 }
 
@@ -589,6 +544,11 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
   printf("# fusco %d.%d.%d moe_perf: %d ranks (%s, %s), %d node(s)\n", version / 10000,
          (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
          numNodes_);
+  if (gpu_)
+    printf("# memory: cuda (device buffers, stream-ordered calls; each phase timed from a barrier "
+           "to cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d; a rank uses local rank "
+           "%% device count)\n", gpu_->cuda().gpuName.c_str(), gpu_->cuda().device,
+           gpu_->cuda().deviceCount);
   printf("# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
          "pattern %s seed %llu\n", o_.tokens, o_.hidden, dtypeName(o_.dtype), rowBytes_, o_.topk,
          o_.experts, o_.experts / l_.nranks, patternName(o_.pattern),
@@ -597,7 +557,8 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
          "buffers, out): %s\n", kDedupNames[o_.dedup], kBalanceNames[o_.balance],
          o_.fuse ? "on" : "off (runs the unfused pipeline)",
          o_.replan ? "every iteration" : "off (plan once, reuse)",
-         o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)" : "malloc (staged)");
+         gpu_ ? bufferKindText(static_cast<BufferKind>(o_.arena))
+         : o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)" : "malloc (staged)");
   printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
          "..%" PRId64 "\n", smin, smax, rmin, rmax);
   if (o_.contenders[kMpi] && !active_[kMpi])
@@ -605,12 +566,18 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
   printf("# %d warmup + %d timed iterations, contenders interleaved; phase time = slowest rank, "
          "median over iterations; total = plan + dispatch + combine (min in brackets)\n",
          o_.warmup, o_.iters);
-  printf("# limit = memcpy of the rows each rank sends in dispatch, then in combine\n");
+  if (gpu_)
+    printf("# limit = device-to-device cudaMemcpyAsync of the rows each rank sends in dispatch, "
+           "then in combine; unfused = permute / sort-chunks / un-permute CUDA kernels around "
+           "fuscoAllToAllv\n");
+  else
+    printf("# limit = memcpy of the rows each rank sends in dispatch, then in combine\n");
   fflush(stdout);
 }
 
 void Bench::printTable(const std::vector<Result>& res) const {
   const double logical = 2.0 * o_.tokens * o_.topk * rowBytes_;  // per rank, both directions
+  const bool diffs = gpu_ && o_.check;  // --mem cuda: each pipeline's out vs fusco's out
   printf("#%-9s %9s %11s %10s %19s %9s %10s %10s %8s %8s %7s\n", "contender", "plan ms",
          "dispatch ms", "combine ms", "total ms (min)", "log GB/s", "intra MB", "inter MB",
          "vs unf", "vs mpi", "#wrong");
@@ -635,12 +602,13 @@ void Bench::printTable(const std::vector<Result>& res) const {
               "\"pattern\":\"%s\",\"dedup\":\"%s\",\"fuse\":%d,\"replan\":%d,\"arena\":%d,\"iters\":%d,"
               "\"contender\":\"%s\",\"plan_ms\":%.3f,\"dispatch_ms\":%.3f,\"combine_ms\":%.3f,"
               "\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,\"intra_bytes\":%lld,"
-              "\"inter_bytes\":%lld,\"checked\":%d,\"wrong\":%lld}\n",
+              "\"inter_bytes\":%lld,\"checked\":%d,\"wrong\":%lld%s}\n",
               static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens,
               o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.pattern),
               kDedupNames[o_.dedup], o_.fuse, o_.replan, o_.arena, o_.iters, kContenderNames[c], r.plan,
               r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
-              static_cast<long long>(r.inter), o_.check, static_cast<long long>(r.wrong));
+              static_cast<long long>(r.inter), o_.check, static_cast<long long>(r.wrong),
+              cudaJson(r, diffs && c != kLimit && (c != kFusco || !o_.fuse)).c_str());
   }
   const Result& f = res[kFusco];
   for (int b : {kMpi, kUnfused}) {
@@ -650,9 +618,19 @@ void Bench::printTable(const std::vector<Result>& res) const {
            kContenderNames[b], base.total / f.total,
            (base.dispatch + base.combine) / (f.dispatch + f.combine));
   }
-  if (f.ran && res[kLimit].ran && f.dispatch > 0)
+  if (f.ran && res[kLimit].ran && f.dispatch > 0 && !gpu_)
     printf("# fused dispatch vs memcpy limit: %.2f (combine: %.2f)\n",
            res[kLimit].dispatch / f.dispatch, res[kLimit].combine / f.combine);
+  if (f.ran && res[kLimit].ran && f.dispatch > 0 && gpu_)
+    printf("# fused dispatch vs device copy of the same bytes: %.2f of copy bandwidth (copy ms / "
+           "dispatch ms; target >= 0.8); combine: %.2f\n",
+           res[kLimit].dispatch / f.dispatch, res[kLimit].combine / f.combine);
+  for (int c : {kFusco, kUnfused}) {
+    if (!diffs || !res[c].ran || (c == kFusco && o_.fuse)) continue;
+    const char* who = c == kFusco ? "fusco (--fuse off: the unfused pipeline)" : kContenderNames[c];
+    printf("# %s out vs fusco's fused out: max abs diff %.3g (allowed: 8 %s roundings of the "
+           "value)\n", who, res[c].maxDiff, dtypeName(o_.dtype));
+  }
   if (o_.check) {
     int64_t bad = 0;
     for (const Result& r : res) bad += r.wrong;
@@ -661,17 +639,25 @@ void Bench::printTable(const std::vector<Result>& res) const {
   }
   fflush(stdout);
 }
-
-}  // namespace
+}  // namespace perf
+}  // namespace fusco
 
 int main(int argc, char** argv) {
-  Options o;
+  MoeOptions o;
   int rc = parseArgs(argc, argv, &o);
   if (rc != 0) return rc == 1 ? 0 : rc;
   if (o.mpiProbe) return launchRanks(o.launch, [](const Launch& l) { return l.mpi ? 0 : 3; });
+  if ((rc = resolveMemMode(argv[0], &o.mem)) != 0) return rc;
+  if (o.arena == 2 && o.mem != MemMode::Cuda) {
+    fprintf(stderr, "%s: -a 2 (cudaMalloc + fuscoCommRegister) needs --mem cuda\n", argv[0]);
+    return 2;
+  }
+  if (o.mem == MemMode::Cuda) g_noMpiReason = "host-only contender, skipped with --mem cuda";
 #ifdef FUSCO_HAVE_MPI
   const char* env = launcherInEnvironment();
-  if (env == nullptr && o.launch.np > 0 && o.contenders[kMpi] && o.mpiLaunch) {
+  if (o.mem == MemMode::Cuda) {
+    // no mpirun re-launch: the mpi pipeline does not run on device buffers
+  } else if (env == nullptr && o.launch.np > 0 && o.contenders[kMpi] && o.mpiLaunch) {
     relaunchUnderMpirun(argc, argv, o.launch.np, &g_noMpiReason);  // returns only on failure
     fprintf(stderr, "# moe_perf: %s; forking %d ranks without the mpi contender\n",
             g_noMpiReason.c_str(), o.launch.np);

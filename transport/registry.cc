@@ -7,10 +7,16 @@ extern const TransportOps kShmTransport;
 #ifdef FUSCO_HAVE_UCX
 extern const TransportOps kUcxTransport;
 #endif
+#ifdef FUSCO_HAVE_CUDA
+extern const TransportOps kCudaIpcTransport;
+#endif
 
 const std::vector<const TransportOps*>& transportList() {
   static const std::vector<const TransportOps*> list = {
       &kShmTransport,
+#ifdef FUSCO_HAVE_CUDA
+      &kCudaIpcTransport,
+#endif
 #ifdef FUSCO_HAVE_UCX
       &kUcxTransport,
 #endif

@@ -43,6 +43,17 @@ struct TransportContext {
   std::string netDevices;  // inter-node devices (rails), comma separated; "": the transport's choice
 };
 
+// Completion flags of the CUDA path (one pair per peer): stream-ordered 32-bit counters in host
+// memory that the GPU can read and write. kind 0 (ready): the receiver tells the sender that its
+// buffers may be written for the next operation; kind 1 (done): the sender tells the receiver that
+// the operation's data is in place. `wait` is this rank's counter for the peer (the host reads it
+// through hostWait; streams wait on devWait); `post` is the peer's counter for this rank.
+struct DeviceFlags {
+  volatile uint32_t* hostWait[2] = {nullptr, nullptr};
+  void* devWait[2] = {nullptr, nullptr};
+  void* devPost[2] = {nullptr, nullptr};
+};
+
 struct TransportComm;  // a transport's per-communicator state, opaque to the engine
 // Each transport keeps its own state type (e.g. ShmComm) and reinterpret_casts it to and from
 // TransportComm*; none defines TransportComm itself (two definitions would break the ODR).
@@ -73,6 +84,12 @@ struct TransportOps {
   fuscoResult_t (*memFree)(TransportComm* tc, void* ptr);
   bool (*regionToken)(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* token);
   void* (*peerPointer)(TransportComm* tc, int peer, uint64_t token, size_t bytes);
+
+  // Device-memory transports only (nullptr elsewhere): make a caller's buffer reachable by peers
+  // (fuscoCommRegister) and drop it again, and the completion flags shared with a peer.
+  fuscoResult_t (*memRegister)(TransportComm* tc, void* ptr, size_t bytes);
+  fuscoResult_t (*memDeregister)(TransportComm* tc, void* ptr);
+  fuscoResult_t (*deviceFlags)(TransportComm* tc, int peer, DeviceFlags* out);
 
   // fuscoRemoteError (message names the peer) if the peer died or aborted; fuscoSuccess otherwise.
   fuscoResult_t (*checkPeer)(TransportComm* tc, int peer);

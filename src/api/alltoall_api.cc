@@ -32,6 +32,7 @@ struct PendingCall {
   int peer;
   RowStream data;
   ArgCheck check;
+  void* stream;
 };
 
 struct GroupState {
@@ -55,6 +56,7 @@ fuscoResult_t runGroup(std::vector<PendingCall> calls) {
       ArgCheck a;
       for (auto& c : calls) {
         if (c.comm != comm) continue;
+        if (op.stream == nullptr) op.stream = c.stream;  // one stream per group (as in NCCL)
         if (c.check.status != fuscoSuccess && a.status == fuscoSuccess) a = c.check;
         if (c.peer < 0 || c.peer >= comm->impl->nranks()) continue;
         auto& w = op.peers[c.peer];
@@ -90,20 +92,27 @@ fuscoResult_t enqueue(PendingCall call, const char* fn) {
 
 PendingCall makeCall(fuscoComm_t comm, bool send, int peer, const void* buf, size_t rowBytes,
                      const int64_t* rows, size_t nrows, void* stream, const char* fn) {
-  PendingCall c{comm, send, peer, RowStream{}, ArgCheck{}};
+  PendingCall c{comm, send, peer, RowStream{}, ArgCheck{}, stream};
   c.data.base = static_cast<char*>(const_cast<void*>(buf));
   c.data.rowBytes = rowBytes;
   c.data.rows = rows;
   c.data.nrows = nrows;
-  if (commIsLive(comm)) checkStream(comm, stream, fn, &c.check);
   if (buf == nullptr && nrows * rowBytes > 0) c.check.fail("%s: buffer is NULL with %zu bytes to move", fn, nrows * rowBytes);
+  if (commIsLive(comm)) {
+    checkStream(comm, stream, fn, &c.check);
+    checkDevicePtr(comm, buf, fn, "the buffer", &c.check);
+    checkDevicePtr(comm, rows, fn, "rowIdx", &c.check);
+  }
   return c;
 }
 
-fuscoResult_t checkRows(const int64_t* rows, size_t nrows, size_t rowBytes, bool unique,
+// Row indices of a host comm are checked here; a CUDA comm's live on the device (reading them
+// would stall the caller's stream), so only their presence is checked.
+fuscoResult_t checkRows(fuscoComm_t comm, const int64_t* rows, size_t nrows, size_t rowBytes, bool unique,
                         const char* fn, ArgCheck* a) {
   if (nrows > 0 && rows == nullptr) { a->fail("%s: rowIdx is NULL with %zu rows", fn, nrows); return fuscoSuccess; }
   if (rowBytes == 0) { a->fail("%s: rowBytes is 0", fn); return fuscoSuccess; }
+  if (!commIsLive(comm) || isCudaComm(comm)) return fuscoSuccess;
   for (size_t i = 0; i < nrows; ++i)
     if (rows[i] < 0) { a->fail("%s: rowIdx[%zu] = %lld is negative", fn, i, (long long)rows[i]); return fuscoSuccess; }
   if (unique && nrows > 1) {
@@ -131,6 +140,9 @@ fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
     op.collective = true;
     ArgCheck a;
     checkStream(comm, stream, "fuscoAllToAll", &a);
+    checkDevicePtr(comm, sendbuff, "fuscoAllToAll", "sendbuff", &a);
+    checkDevicePtr(comm, recvbuff, "fuscoAllToAll", "recvbuff", &a);
+    op.stream = stream;
     size_t es = dataTypeSize(datatype);
     if (es == 0) a.fail("fuscoAllToAll: invalid datatype %d", rawEnum(datatype));
     if (count > 0 && (sendbuff == nullptr || recvbuff == nullptr))
@@ -159,6 +171,9 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[], co
     op.collective = true;
     ArgCheck a;
     checkStream(comm, stream, "fuscoAllToAllv", &a);
+    checkDevicePtr(comm, sendbuff, "fuscoAllToAllv", "sendbuff", &a);
+    checkDevicePtr(comm, recvbuff, "fuscoAllToAllv", "recvbuff", &a);
+    op.stream = stream;
     size_t es = dataTypeSize(datatype);
     if (es == 0) a.fail("fuscoAllToAllv: invalid datatype %d", rawEnum(datatype));
     if (!sendcounts || !sdispls || !recvcounts || !rdispls)
@@ -217,7 +232,7 @@ fuscoResult_t fuscoGatherSend(const void* sendbuff, const int64_t* rowIdx, size_
                               size_t rowBytes, int peer, fuscoComm_t comm, void* stream) {
   return guarded(comm, "fuscoGatherSend", [&]() -> fuscoResult_t {
     PendingCall c = makeCall(comm, true, peer, sendbuff, rowBytes, rowIdx, nrows, stream, "fuscoGatherSend");
-    checkRows(rowIdx, nrows, rowBytes, false, "fuscoGatherSend", &c.check);
+    checkRows(comm, rowIdx, nrows, rowBytes, false, "fuscoGatherSend", &c.check);
     return enqueue(c, "fuscoGatherSend");
   });
 }
@@ -226,7 +241,7 @@ fuscoResult_t fuscoScatterRecv(void* recvbuff, const int64_t* rowIdx, size_t nro
                                size_t rowBytes, int peer, fuscoComm_t comm, void* stream) {
   return guarded(comm, "fuscoScatterRecv", [&]() -> fuscoResult_t {
     PendingCall c = makeCall(comm, false, peer, recvbuff, rowBytes, rowIdx, nrows, stream, "fuscoScatterRecv");
-    checkRows(rowIdx, nrows, rowBytes, true, "fuscoScatterRecv", &c.check);
+    checkRows(comm, rowIdx, nrows, rowBytes, true, "fuscoScatterRecv", &c.check);
     return enqueue(c, "fuscoScatterRecv");
   });
 }

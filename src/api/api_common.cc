@@ -4,6 +4,7 @@
 #include <set>
 
 #include "api/api_internal.h"
+#include "device/cuda_rt.h"
 
 namespace fusco {
 
@@ -65,6 +66,12 @@ size_t dataTypeSize(const fuscoDataType_t& type) {
     case fuscoInt64: case fuscoUint64: case fuscoFloat64: return 8;
     default: return 0;
   }
+}
+
+void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what, ArgCheck* a) {
+  if (p == nullptr || a->status != fuscoSuccess || !isCudaComm(comm)) return;
+  if (!cudaIsDevicePointer(p))
+    a->fail("%s: %s (%p) is not CUDA device memory; a fuscoMemCuda communicator takes device buffers", fn, what, p);
 }
 
 }  // namespace fusco

@@ -81,6 +81,11 @@ inline int rawEnum(const fuscoDataType_t& t) {
   return v;
 }
 
+// fuscoMemCuda comms take device buffers: a non-NULL pointer the GPU cannot use (host memory)
+// fails the check with a message naming the argument. Host comms: nothing to check.
+void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what, ArgCheck* a);
+inline bool isCudaComm(fuscoComm_t comm) { return comm->impl->memType() == fuscoMemCuda; }
+
 // Element size of a datatype, or 0 if it is not one.
 size_t dataTypeSize(const fuscoDataType_t& t);
 

@@ -3,6 +3,7 @@
 #include "core/bootstrap.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "device/cuda_rt.h"
 
 using namespace fusco;
 
@@ -43,7 +44,7 @@ fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, i
   CommOptions opts;
   FUSCO_CHECK(optionsFromConfig(config, &opts));
   FUSCO_CHECK(bootstrapCheckId(id));
-  if (opts.memType == fuscoMemCuda)
+  if (opts.memType == fuscoMemCuda && !cudaBuilt())
     return FUSCO_FAIL(fuscoInvalidUsage, kApi,
                       "fuscoCommInitRank: fuscoMemCuda communicators need the CUDA path, which this "
                       "build does not have");
@@ -170,6 +171,7 @@ fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoCommRegister: buff (%p) and handle must be non-NULL and bytes (%zu) > 0",
                         buff, bytes);
+    FUSCO_CHECK(comm->impl->memRegister(buff, bytes));
     // The handle is a heap cell so it stays unique even for equal ranges.
     void* h = new char;
     comm->impl->registrations[h] = {buff, bytes};
@@ -185,8 +187,10 @@ fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle) {
     auto it = regs.find(handle);
     if (it == regs.end())
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommDeregister: %p is not a registration of this comm", handle);
+    void* buff = it->second.first;
     regs.erase(it);
     delete static_cast<char*>(handle);
+    FUSCO_CHECK(comm->impl->memDeregister(buff));
     return fuscoSuccess;
   });
 }

@@ -13,6 +13,7 @@
 #include "api/moe_handle.h"
 #include "core/fault.h"
 #include "core/params.h"
+#include "device/cuda_rt.h"
 #include "device/reduce.h"
 #include "engine/engine.h"
 
@@ -134,6 +135,17 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
       a.fail("fuscoMoePlan: stream must be NULL for a host-memory communicator");
     checkMoeConfig(config, &a);
     if (numTokens > 0 && topkIdx == nullptr) a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
+    checkDevicePtr(comm, topkIdx, "fuscoMoePlan", "topkIdx", &a);
+    // A CUDA comm's routing is on the device: the plan's one host synchronization brings it here.
+    if (isCudaComm(comm) && a.status == fuscoSuccess && numTokens > 0 && topk <= 0)
+      a.fail("fuscoMoePlan: topk %d must be > 0", topk);
+    if (isCudaComm(comm) && a.status == fuscoSuccess && numTokens > 0) {
+      FUSCO_CHECK(c.useDevice());
+      h->topkIdx.resize(numTokens * static_cast<size_t>(topk));
+      if (cudaCopyToHostSync(h->topkIdx.data(), topkIdx, h->topkIdx.size() * sizeof(int64_t), stream) != fuscoSuccess)
+        a.fail("fuscoMoePlan: reading topkIdx: %s", threadLastError().c_str());
+      topkIdx = h->topkIdx.data();
+    }
     if (a.status == fuscoSuccess) {
       h->dedup = chooseDedup(config->dedup, c.nodes().numNodes, &a);
       if (buildMoeShape(c.nranks(), config->numExperts, config->expertToRank,
@@ -157,7 +169,8 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
     }
     FUSCO_CHECK(exchangeFanRows(comm, *h, b));
     buildWeightIndex(*h);
-    if (topkIdx != nullptr) h->topkIdx.assign(topkIdx, topkIdx + numTokens * topk);
+    if (topkIdx != nullptr && topkIdx != h->topkIdx.data()) h->topkIdx.assign(topkIdx, topkIdx + numTokens * topk);
+    if (isCudaComm(comm)) FUSCO_CHECK(uploadMoePlan(*h, stream));
     if (paramInt("FUSCO_PLAN_TRACE") != 0)
       fprintf(stderr, "%s\n", describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
     *handle = h.release();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/api_internal.h"
+#include "api/moe_device.h"
 #include "api/moe_handle.h"
 #include "core/fault.h"
 #include "device/reduce.h"
@@ -17,9 +18,11 @@
 using namespace fusco;
 
 fuscoResult_t fusco::runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
-                              const std::vector<PeerWork>& work, bool agreed) {
+                              const std::vector<PeerWork>& work, bool agreed, void* stream, bool onDevice) {
   Communicator& c = *comm->impl;
   Op op(c.nranks());
+  op.stream = stream;
+  op.hostData = !onDevice;
   op.name = name;
   op.kind = OpKind::Moe;
   op.collective = true;
@@ -202,6 +205,27 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
   return fuscoSuccess;
 }
 
+// Dispatch on a host comm: rows by token index, written straight into the receivers' final rows
+// when their buffer is mappable (the plan told each source the receiver's fan rows), else staged.
+fuscoResult_t hostDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX, const ArgCheck& a,
+                           std::vector<PeerWork>* work) {
+  const int n = h.shape.nranks;
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    const size_t rows = h.send.rows[p].size();
+    auto& w = (*work)[p];
+    w.sends.push_back(RowStream::indexed(x, rowBytes, h.send.rows[p].data(), rows));
+    w.remoteDst.push_back(RowStream::fanOut(nullptr, rowBytes, h.send.kStart[p].data(), h.remoteFanRows[p].data(), rows));
+    RowStream r = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[p].data(), h.recv.fanRows[p].data(),
+                                    h.recv.rowsFrom(p));
+    r.layoutShared = true;
+    r.extent = h.recv.numRecvRows * rowBytes;
+    w.recvs.push_back(r);
+  }
+  if (a.status == fuscoSuccess)
+    for (int64_t row : h.recv.paddingRows) memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
+  return runMoeOp(h.comm, "fuscoMoeDispatch", a, *work);
+}
+
 }  // namespace
 
 extern "C" {
@@ -222,24 +246,20 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     if (x == nullptr && rowsToSend(h) > 0) a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", rowsToSend(h));
     if (recvX == nullptr && h.recv.numRecvRows > 0)
       a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", h.recv.numRecvRows);
+    checkDevicePtr(comm, x, "fuscoMoeDispatch", "x", &a);
+    checkDevicePtr(comm, recvX, "fuscoMoeDispatch", "recvX", &a);
     int n = c.nranks();
     std::vector<PeerWork> work(n);
     Traffic traffic;
-    for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    for (int p = 0; p < n; ++p) {
       const size_t rows = h.send.rows[p].size();
-      work[p].sends.push_back(RowStream::indexed(x, rowBytes, h.send.rows[p].data(), rows));
-      work[p].remoteDst.push_back(
-          RowStream::fanOut(nullptr, rowBytes, h.send.kStart[p].data(), h.remoteFanRows[p].data(), rows));
-      RowStream r = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[p].data(), h.recv.fanRows[p].data(),
-                                      h.recv.rowsFrom(p));
-      r.layoutShared = true;
-      r.extent = h.recv.numRecvRows * rowBytes;
-      work[p].recvs.push_back(r);
       traffic.add(c, p, rows, rows * rowBytes);
     }
-    if (a.status == fuscoSuccess)
-      for (int64_t row : h.recv.paddingRows) memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
-    FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeDispatch", a, work));
+    if (isCudaComm(comm)) {
+      FUSCO_CHECK(deviceDispatch(h, x, rowBytes, recvX, a, stream, &work));
+    } else {
+      FUSCO_CHECK(hostDispatch(h, x, rowBytes, recvX, a, &work));
+    }
     h.stats.dispatchRowsIntraNode = traffic.intraRows;
     h.stats.dispatchRowsInterNode = traffic.interRows;
     h.stats.dispatchBytesIntraNode = traffic.intraBytes;
@@ -266,9 +286,22 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
     if (expertOut == nullptr && h.recv.numRecvRows > 0)
       a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", h.recv.numRecvRows);
     if (out == nullptr && h.numTokens > 0) a.fail("fuscoMoeCombine: out is NULL with %zu tokens", h.numTokens);
+    checkDevicePtr(comm, expertOut, "fuscoMoeCombine", "expertOut", &a);
+    checkDevicePtr(comm, topkWeights, "fuscoMoeCombine", "topkWeights", &a);
+    checkDevicePtr(comm, out, "fuscoMoeCombine", "out", &a);
     // Only a validated value is used as the enum (any int is legal from C).
     const fuscoDataType_t type = a.status == fuscoSuccess ? static_cast<fuscoDataType_t>(dt) : fuscoFloat32;
-    return combine(h, expertOut, type, hidden, topkWeights, out, a);
+    if (!isCudaComm(comm)) return combine(h, expertOut, type, hidden, topkWeights, out, a);
+    Traffic traffic;
+    const size_t rowOut = hidden * (type == fuscoFloat32 ? 4 : 2);
+    for (int p = 0; p < comm->impl->nranks(); ++p) {
+      if (h.dedup != Dedup::None) traffic.add(*comm->impl, p, 0, h.weightIdx[p].size() * sizeof(float));
+      traffic.add(*comm->impl, p, h.recv.rowsFrom(p), h.recv.rowsFrom(p) * rowOut);
+    }
+    FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream));
+    h.stats.combineBytesIntraNode = traffic.intraBytes;
+    h.stats.combineBytesInterNode = traffic.interBytes;
+    return fuscoSuccess;
   });
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "api/api_internal.h"
+#include "device/cuda_rt.h"
 #include "engine/engine.h"
 #include "plan/moe_plan.h"
 
@@ -23,6 +24,21 @@ struct fuscoMoeHandle {
   // the CSR shape send.kStart[r]), so dispatch can write final rows straight into r's buffer.
   std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
+
+  // fuscoMemCuda comms: the plan's index lists on the device (one upload per plan, stream-ordered;
+  // dispatch and combine streams wait for it), as pointers into `devBuffer`.
+  struct DevicePlan {
+    std::vector<const int64_t*> sendRows, remoteFanRows, recvFanRows, weightIdx;  // [nranks]
+    std::vector<const uint32_t*> sendKStart, recvFanStart;                         // [nranks]
+    const int64_t* paddingRows = nullptr;
+    // The source's final sum (DevFinalSum): per token, groups (ranks) of landing-row terms.
+    const uint32_t* tokStart = nullptr;
+    const uint32_t* grpStart = nullptr;
+    const int64_t* termRow = nullptr;
+    const int64_t* termWeight = nullptr;
+    const float* ones = nullptr;  // [numTokens * topk] weights of 1 (combine without weights)
+  } dev;
+  fusco::DeviceBuffer devBuffer;
 };
 
 namespace fusco {
@@ -30,7 +46,13 @@ namespace fusco {
 // One collective engine operation of a MoE call: work[p] is what this rank sends to and receives
 // from rank p. A rank whose own arguments failed (`a`) still takes part so nobody waits for it.
 // agreed: every rank already validated this call in an earlier operation (no verdict round).
+// onDevice: the buffers are device memory of a fuscoMemCuda comm and move on `stream`; otherwise
+// they are host memory (also on a CUDA comm: the planner's own exchanges).
 fuscoResult_t runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
-                       const std::vector<PeerWork>& work, bool agreed = false);
+                       const std::vector<PeerWork>& work, bool agreed = false, void* stream = nullptr,
+                       bool onDevice = false);
+
+// Copies the plan's index lists to the device (fuscoMemCuda comms), on `stream`.
+fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream);
 
 }  // namespace fusco

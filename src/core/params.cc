@@ -35,6 +35,8 @@ const ParamDecl kParams[] = {
      "virtual size of each rank's shared arena for fuscoMemAlloc (pages are used on touch)"},
     {"FUSCO_SHM_DIRECT", ParamType::Int, "1",
      "1: write straight into a peer's arena buffer when it is one (one copy); 0: always stage"},
+    {"FUSCO_CUDA_SMS", ParamType::Int, "0",
+     "CUDA path: multiprocessors the copy and sum kernels may use (0: all), like DeepEP's num_sms"},
     {"FUSCO_LIVENESS_MS", ParamType::Int, "100",
      "how often a waiting rank checks that its peers are alive, in milliseconds"},
     {"FUSCO_SPIN_BEFORE_YIELD", ParamType::Int, "64",

@@ -15,7 +15,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fusco.h"
+
 namespace fusco {
+
+// A send stream of the CUDA path computed by a kernel (combine's partial sums at the expert rank):
+// row i = round_dt(sum over f in [fanStart[i], fanStart[i+1]) of weights[f] * src[fanRows[f]]).
+struct DevProducer {
+  fuscoDataType_t dt = fuscoFloat32;
+  size_t hidden = 0;
+  const char* src = nullptr;
+  const uint32_t* fanStart = nullptr;
+  const int64_t* fanRows = nullptr;
+  const float* weights = nullptr;
+};
 
 struct RowStream {
   char* base = nullptr;
@@ -27,6 +40,7 @@ struct RowStream {
   // Writes bytes [off, off + len) of the stream to dst.
   void (*produce)(const void* ctx, size_t off, size_t len, void* dst) = nullptr;
   const void* produceCtx = nullptr;
+  const DevProducer* devProduce = nullptr;  // CUDA path: produced by a kernel (pointers on device)
   // Bytes from base that the stream may touch (for a receiver offering its buffer to a peer that
   // knows the layout); 0: bytes() when contiguous, else unknown.
   size_t extent = 0;
@@ -35,7 +49,9 @@ struct RowStream {
   bool layoutShared = false;
 
   size_t bytes() const { return nrows * rowBytes; }
-  bool contiguous() const { return rows == nullptr && fanStart == nullptr && produce == nullptr; }
+  bool contiguous() const {
+    return rows == nullptr && fanStart == nullptr && produce == nullptr && devProduce == nullptr;
+  }
   size_t extentBytes() const { return extent ? extent : (contiguous() ? bytes() : 0); }
   static RowStream flat(const void* p, size_t bytes) {
     RowStream s;

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
+#include "device/cuda_rt.h"
 #include "engine/peer_info.h"
 
 namespace fusco {
@@ -53,6 +54,14 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->rank_ = rank;
   c->nranks_ = nranks;
   FUSCO_CHECK(c->resolveOptions(opts));
+  // A CUDA comm checks its device before any peer waits on it: a rank without one still joins the
+  // bootstrap (below) and says so, so its peers fail promptly rather than after the timeout.
+  std::string deviceError;
+  fuscoResult_t deviceStatus = fuscoSuccess;
+  if (opts.memType == fuscoMemCuda) {
+    deviceStatus = cudaUseDevice(opts.cudaDevice, &c->device_);
+    if (deviceStatus != fuscoSuccess) deviceError = threadLastError();
+  }
   faultConfigure();  // FUSCO_FAULT (debug): parsed once per communicator
 
   std::vector<std::string> blobs;
@@ -75,7 +84,20 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->ctx_.peers = &c->peers_;
   c->ctx_.commTag = c->bootstrap_->commTag();
   c->pairSeq_.assign(nranks, 0);
+  if (opts.memType == fuscoMemCuda) FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
   FUSCO_CHECK(c->connectTransports());
+  if (opts.memType == fuscoMemCuda) {
+    c->devSendSeq_.assign(nranks, 0);
+    c->devRecvSeq_.assign(nranks, 0);
+    Communicator* self = c.get();
+    c->watch_ = std::make_unique<DeviceWatch>(
+        c->ctx_.timeoutMs, paramInt("FUSCO_LIVENESS_MS"),
+        [self](int p) {
+          const PeerConn& pc = self->conns_[p];
+          return pc.ops ? pc.ops->checkPeer(pc.tc, p) : fuscoSuccess;
+        },
+        [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); });
+  }
   FUSCO_INFO(kInit, "comm rank %d/%d node %d/%d local rank %d/%d: chunk %zu B, depth %d, timeout %lld ms",
              rank, nranks, c->nodes_.nodeOf[rank], c->nodes_.numNodes, c->nodes_.localRankOf[rank],
              c->nodes_.localSize(c->nodes_.nodeOf[rank]), c->ctx_.chunkBytes, c->ctx_.depth,
@@ -177,17 +199,73 @@ fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
   return fuscoSuccess;
 }
 
+// Every rank of a CUDA comm learns whether every rank has its device and whether the comm spans
+// one node (CUDA IPC reaches ranks of one node only), before any transport is set up.
+fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::string& error) {
+  std::string mine = status == fuscoSuccess ? std::string(1, '\1') : std::string(1, '\0') + error;
+  std::vector<std::string> all;
+  FUSCO_CHECK(bootstrap_->allGather(mine, &all));
+  if (status != fuscoSuccess) return FUSCO_FAIL(status, kInit, "%s", error.c_str());
+  for (int r = 0; r < nranks_; ++r)
+    if (all[r].empty() || all[r][0] != '\1')
+      return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", r,
+                        all[r].size() > 1 ? all[r].c_str() + 1 : "unknown");
+  if (nodes_.numNodes > 1)
+    return FUSCO_FAIL(fuscoInvalidUsage, kInit,
+                      "a fuscoMemCuda communicator must span one node (CUDA IPC); these %d ranks form %d nodes",
+                      nranks_, nodes_.numNodes);
+  return fuscoSuccess;
+}
+
+fuscoResult_t Communicator::useDevice() const { return device_ < 0 ? fuscoSuccess : cudaSetCurrent(device_); }
+
+fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
+  if (device_ < 0) return fuscoSuccess;
+  if (!cudaIsDevicePointer(ptr))
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: %p is not CUDA device memory", ptr);
+  for (auto& t : transports_)
+    if (t.first->memRegister) FUSCO_CHECK(t.first->memRegister(t.second, ptr, bytes));
+  return fuscoSuccess;
+}
+
+fuscoResult_t Communicator::memDeregister(void* ptr) {
+  if (device_ < 0) return fuscoSuccess;
+  for (auto& t : transports_)
+    if (t.first->memDeregister) FUSCO_CHECK(t.first->memDeregister(t.second, ptr));
+  return fuscoSuccess;
+}
+
+fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
+  const PeerConn& pc = conns_[peer];
+  if (pc.ops == nullptr || pc.ops->deviceFlags == nullptr)
+    return FUSCO_FAIL(fuscoInternalError, kEngine, "rank %d is not connected by a device transport", peer);
+  return pc.ops->deviceFlags(pc.tc, peer, out);
+}
+
 Communicator::~Communicator() {
+  if (watch_) {
+    // Streams may still wait for peers: let them finish (or release them), then let the GPU drain
+    // before the memory they use goes away.
+    watch_->drain();
+    cudaDeviceSyncQuiet();
+    watch_.reset();
+  }
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);
   for (auto& t : transports_) t.first->close(t.second);
   for (auto& kv : plainAllocs_) free(kv.first);
+  for (auto& kv : deviceAllocs_) cudaFreeDevice(kv.first);
   for (auto& kv : registrations) delete static_cast<char*>(kv.first);
 }
 
 fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
   for (auto& t : transports_)
     if (t.first->memAlloc) return t.first->memAlloc(t.second, bytes, ptr);
+  if (device_ >= 0) {
+    FUSCO_CHECK(cudaAllocDevice(bytes, ptr));
+    deviceAllocs_[*ptr] = bytes;
+    return fuscoSuccess;
+  }
   // No peer can map memory of this rank (a single rank, or only remote peers): plain memory.
   void* p = nullptr;
   if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0)
@@ -198,6 +276,11 @@ fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
 }
 
 fuscoResult_t Communicator::memFree(void* ptr) {
+  auto dit = deviceAllocs_.find(ptr);
+  if (dit != deviceAllocs_.end()) {
+    deviceAllocs_.erase(dit);
+    return cudaFreeDevice(ptr);
+  }
   auto it = plainAllocs_.find(ptr);
   if (it != plainAllocs_.end()) {
     free(ptr);

@@ -12,6 +12,7 @@
 
 #include "core/bootstrap.h"
 #include "core/topology.h"
+#include "engine/device_watch.h"
 #include "fusco.h"
 #include "transport/transport.h"
 
@@ -72,6 +73,20 @@ class Communicator {
   // Per-peer operation counter: both sides of a pair count the operations they share.
   uint64_t nextPairSeq(int peer) { return ++pairSeq_[peer]; }
 
+  // The CUDA path (fuscoMemCuda). device(): the CUDA device of this comm (-1 for host comms).
+  int device() const { return device_; }
+  // Makes the comm's device current for the calling thread.
+  fuscoResult_t useDevice() const;
+  // fuscoCommRegister / fuscoCommDeregister of device buffers: peers may then write them directly.
+  fuscoResult_t memRegister(void* ptr, size_t bytes);
+  fuscoResult_t memDeregister(void* ptr);
+  // Completion flags shared with a peer, and the counters of the data operations between this
+  // rank and the peer in each direction (both sides count the same operations).
+  fuscoResult_t deviceFlags(int peer, DeviceFlags* out) const;
+  uint32_t nextDeviceSendSeq(int peer) { return ++devSendSeq_[peer]; }
+  uint32_t nextDeviceRecvSeq(int peer) { return ++devRecvSeq_[peer]; }
+  DeviceWatch* watch() { return watch_.get(); }
+
   std::string lastError;  // message of the last failed call on this comm (set by the API layer)
   std::map<void*, std::pair<void*, size_t>> registrations;  // handle -> range
   std::atomic<int> activeCalls{0};
@@ -80,6 +95,7 @@ class Communicator {
   Communicator() = default;
   fuscoResult_t resolveOptions(const CommOptions& opts);
   fuscoResult_t connectTransports();
+  fuscoResult_t agreeOnDevices(fuscoResult_t status, const std::string& error);
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -94,7 +110,11 @@ class Communicator {
   std::string brokenMsg_;
   std::atomic<bool> abortRequested_{false};
   std::map<void*, size_t> plainAllocs_;
+  std::map<void*, size_t> deviceAllocs_;  // a CUDA comm without a device transport (one rank)
   std::map<int, std::pair<void*, size_t>> scratch_;
+  int device_ = -1;
+  std::vector<uint32_t> devSendSeq_, devRecvSeq_;
+  std::unique_ptr<DeviceWatch> watch_;
 };
 
 }  // namespace fusco

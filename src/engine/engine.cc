@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
+#include "engine/engine_device.h"
 #include "engine/engine_wire.h"
 
 namespace fusco {
@@ -54,6 +55,8 @@ class OpRunner {
   bool sendDone(int p) const { return sc_[p].msg >= op_.peers[p].sends.size(); }
   bool recvDone(int p) const { return rc_[p].msg >= op_.peers[p].recvs.size(); }
   bool moves(int p) const { return state_[p] == PairState::Ok; }
+  // The data lives in device memory and moves on the GPU (engine_device.h).
+  bool onDevice() const { return c_.memType() == fuscoMemCuda && !op_.hostData; }
   // Still owes this rank something in the current phase (finished peers may exit at will).
   bool pending(int p) const {
     if (!involved_[p]) return false;
@@ -75,6 +78,7 @@ class OpRunner {
   std::vector<int> order_;  // peers in staggered order: me+1, me+2, ...
   bool failedValidation_ = false;
   bool inVerdict_ = false, inData_ = false;
+  DeviceOffers offers_;
 };
 
 fuscoResult_t OpRunner::validationError(fuscoResult_t r, const char* fmt, const std::string& a,
@@ -157,6 +161,14 @@ void OpRunner::buildHeaders() {
     }
   }
   for (int i = 1; i < n_; ++i) order_.push_back((me_ + i) % n_);
+  // The GPU path offers every receive buffer to its sender: in place, or a staging area.
+  if (onDevice() && !op_.validateOnly && op_.argStatus == fuscoSuccess) {
+    fuscoResult_t r = deviceOffers(c_, op_, involved_, &mine_, &offers_);
+    if (r != fuscoSuccess) {
+      op_.argStatus = r;
+      op_.argError = threadLastError();
+    }
+  }
   // A header must fit one slot. If one does not, this rank's call is unusable: every peer gets a
   // short header saying so, decided before any header leaves.
   for (int p = 0; p < n_; ++p) {
@@ -445,7 +457,13 @@ fuscoResult_t OpRunner::run() {
   }
   // Peers skip their pairs with a rank whose arguments are invalid, so nobody waits for data.
   if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
-  if (!op_.validateOnly) FUSCO_CHECK(dataPhase());
+  if (!op_.validateOnly && onDevice()) {
+    std::vector<bool> moves(n_);
+    for (int p = 0; p < n_; ++p) moves[p] = involved_[p] || p == me_ ? this->moves(p) : false;
+    FUSCO_CHECK(deviceDataPhase(c_, op_, mine_, theirs_, moves, offers_));
+  } else if (!op_.validateOnly) {
+    FUSCO_CHECK(dataPhase());
+  }
   for (int p = 0; p < n_; ++p) {
     if (state_[p] == PairState::Mismatch || state_[p] == PairState::PeerBad)
       return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);

@@ -42,6 +42,11 @@ struct Op {
   fuscoResult_t argStatus = fuscoSuccess;  // this rank's own argument check
   std::string argError;               // its message
   std::vector<PeerWork> peers;        // [nranks]; peers[rank] are copies to self
+  // fuscoMemCuda comms: the caller's cudaStream_t; the data moves on the GPU, stream-ordered, and
+  // the call returns once it is enqueued. hostData: the streams are host memory even on a CUDA
+  // comm (the planner's own exchanges), moved by the host as on a host comm.
+  void* stream = nullptr;
+  bool hostData = false;
 
   explicit Op(int nranks) : peers(nranks) {}
 };

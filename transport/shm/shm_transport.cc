@@ -353,6 +353,9 @@ const TransportOps kShmTransport = {
     shmMemFree,      // memFree
     shmRegionToken,  // regionToken
     shmPeerPointer,  // peerPointer
+    nullptr,         // memRegister
+    nullptr,         // memDeregister
+    nullptr,         // deviceFlags
     shmCheckPeer,    // checkPeer
     shmMarkAborted,  // markAborted
     shmClose,        // close

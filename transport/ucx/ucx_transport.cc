@@ -327,6 +327,9 @@ const TransportOps kUcxTransport = {
     nullptr,         // memFree
     nullptr,         // regionToken
     nullptr,         // peerPointer
+    nullptr,         // memRegister
+    nullptr,         // memDeregister
+    nullptr,         // deviceFlags
     ucxCheckPeer,    // checkPeer
     ucxMarkAborted,  // markAborted
     ucxClose,        // close

@@ -1,0 +1,124 @@
+// moe_perf's options, its contenders and the Bench that runs them in one rank. Bench lives in
+// moe_perf.cc; its --mem cuda half (device setup, checks on host mirrors) in moe_perf_cuda.cc,
+// which drives the device side in moe_cuda.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_mem.h"
+#include "fusco.h"
+#include "launcher.h"
+#include "moe_baselines.h"
+#include "moe_cuda.h"
+#include "moe_routing.h"
+
+namespace fusco {
+namespace perf {
+
+enum { kFusco = 0, kUnfused = 1, kMpi = 2, kLimit = 3, kNumContenders = 4 };
+extern const char* const kContenderNames[kNumContenders];
+extern const char* const kDedupNames[4];    // FUSCO_DEDUP_* order
+extern const char* const kBalanceNames[4];  // FUSCO_BALANCE_* order
+
+struct MoeOptions {
+  size_t hidden = 7168;
+  fuscoDataType_t dtype = fuscoBfloat16;
+  size_t tokens = 4096;
+  int topk = 8;
+  int experts = 256;
+  Pattern pattern = Pattern::Uniform;
+  uint64_t seed = 1;
+  int iters = 5;
+  int warmup = 1;
+  int check = 1;
+  int dedup = FUSCO_DEDUP_AUTO;
+  int balance = FUSCO_BALANCE_AUTO;
+  bool fuse = true;
+  bool replan = true;  // off: plan once and reuse the handle / permutation (steady state)
+  int arena = 1;       // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
+  MemMode mem = MemMode::Host;
+  bool contenders[kNumContenders] = {true, true, true, true};
+  bool mpiLaunch = true;  // --mpi-launch auto: re-launch -np N under mpirun for the mpi contender
+  bool mpiProbe = false;  // internal: check that mpirun can start this binary with MPI
+  const char* jsonPath = nullptr;
+  LaunchOptions launch;
+};
+
+const char* dtypeName(fuscoDataType_t dt);
+fuscoMoeConfig_t moeConfig(const MoeOptions& o);
+// Relative size of one rounding to dt.
+double dtypeEps(fuscoDataType_t dt);
+
+struct Result {  // rank 0's summary of one contender
+  bool ran = false;
+  double plan = 0, dispatch = 0, combine = 0, total = 0, totalMin = 0;
+  double maxDiff = 0;  // --mem cuda: max |out - fusco's out| over ranks (checked pipelines)
+  int64_t intra = 0, inter = 0, wrong = 0;
+};
+
+class Bench {
+ public:
+  Bench(const MoeOptions& o, const Launch& l) : o_(o), l_(l) {}
+  ~Bench();
+  int run();
+
+ private:
+  bool ok(fuscoResult_t r, const char* what);
+  bool pipeOk(bool good, const char* what, const UnfusedPipeline& p);
+  bool setup();
+  bool allocate();
+  bool agree(bool mineOk);
+  // --mem cuda (moe_cuda.h does the device work; these keep the checks on host mirrors).
+  bool gpuOk(bool good, const char* what);
+  bool setupCuda();
+  bool allocateCuda();
+  bool runCuda(int c, double* t, int64_t* wrong);
+  bool cudaReference();
+  bool checkCudaFusco(int64_t* wrong);
+  bool checkCudaPipeline(int c, int64_t* wrong);
+  int64_t diffCombine(const char* ref, double* maxDiff) const;
+  std::string cudaJson(const Result& r, bool withDiff) const;
+  void* alloc(size_t bytes);
+  bool barrier();
+  bool allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt);
+  bool runContender(int c, double* t, int64_t* wrong);
+  bool runFusco(double* t, int64_t* wrong);
+  bool runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong);
+  bool runLimit(double* t);
+  int64_t compareDispatch(const char* got, size_t rows) const;
+  int64_t checkCombine() const;
+  bool trafficOf(int c, int64_t* intra, int64_t* inter);
+  bool summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
+                 std::vector<Result>* res);
+  void printHeader(const std::vector<int64_t>& rowsPerRank) const;
+  void printTable(const std::vector<Result>& res) const;
+
+  const MoeOptions& o_;
+  const Launch& l_;
+  fuscoComm_t comm_ = nullptr;
+  fuscoMoeHandle_t handle_ = nullptr;
+  int node_ = 0, numNodes_ = 1;
+  std::vector<int> nodeOfRank_;
+  std::vector<int64_t> topkIdx_;
+  std::vector<float> weights_;
+  size_t elem_ = 2, rowBytes_ = 0, recvRows_ = 0, bufRows_ = 0;
+  char *x_ = nullptr, *recvX_ = nullptr, *p_ = nullptr, *q_ = nullptr, *out_ = nullptr;
+  std::vector<void*> owned_;
+  std::unique_ptr<RowExchange> fuscoEx_, mpiEx_;
+  std::unique_ptr<UnfusedPipeline> unfused_, mpi_;
+  bool active_[kNumContenders] = {};
+  FILE* json_ = nullptr;
+  // --mem cuda: the device side, host mirrors (x, recvX, expert-major rows, out, fusco's out) and
+  // each pipeline's max |out - fusco's out|.
+  std::unique_ptr<CudaMoe> gpu_;
+  std::unique_ptr<char[]> mirror_[5];
+  double maxDiff_[kNumContenders] = {};
+};
+
+}  // namespace perf
+}  // namespace fusco

@@ -1,0 +1,211 @@
+// fuscoMoeDispatch and fuscoMoeCombine on fuscoMemCuda comms: the same plan and the same engine
+// operations as on the host, with the plan's index lists on the device and the rows moved by
+// kernels (engine_device.h). Dispatch: one pass, source rows straight into the receivers' final
+// expert-major rows (replicated per local expert). Combine: the routing weights to the expert
+// side, one weighted partial per (token, rank) computed by the expert rank's kernel straight into
+// the source's landing rows, then the source's final sum in the fixed order of API.md.
+#include <cstring>
+#include <vector>
+
+#include "api/moe_device.h"
+#include "api/moe_handle.h"
+#include "device/device_ops.h"
+
+namespace fusco {
+
+namespace {
+
+enum ScratchSlot { kLandingScratch = 1, kWeightScratch = 2 };
+
+// Places sections in one buffer, each 16-byte aligned.
+struct Packer {
+  size_t at = 0;
+  size_t take(size_t bytes) {
+    size_t off = at;
+    at += (bytes + 15) / 16 * 16;
+    return off;
+  }
+};
+
+template <typename T>
+void put(char* host, size_t off, const std::vector<T>& v) {
+  if (!v.empty()) memcpy(host + off, v.data(), v.size() * sizeof(T));
+}
+
+// The final sum's terms (API.md's tree on one node): per token, one group per rank that holds a
+// row of it (rank ascending); RANK: the rank's partial; NONE: the token's raw rows from that rank,
+// weighted (k order).
+void finalSumTerms(const fuscoMoeHandle& h, std::vector<uint32_t>* tokStart, std::vector<uint32_t>* grpStart,
+                   std::vector<int64_t>* termRow, std::vector<int64_t>* termWeight) {
+  const int n = h.shape.nranks;
+  std::vector<size_t> base(n, 0), cursor(n, 0);
+  for (int r = 1; r < n; ++r) base[r] = base[r - 1] + h.send.rows[r - 1].size();
+  tokStart->assign(1, 0);
+  grpStart->assign(1, 0);
+  termRow->clear();
+  termWeight->clear();
+  for (size_t t = 0; t < h.numTokens; ++t) {
+    for (int r = 0; r < n; ++r) {
+      const auto& rows = h.send.rows[r];
+      size_t& cur = cursor[r];
+      if (cur >= rows.size() || rows[cur] != static_cast<int64_t>(t)) continue;
+      for (; cur < rows.size() && rows[cur] == static_cast<int64_t>(t); ++cur) {
+        termRow->push_back(static_cast<int64_t>(base[r] + cur));
+        termWeight->push_back(h.dedup == Dedup::None
+                                  ? static_cast<int64_t>(t) * h.topk + h.send.kSlots[r][h.send.kStart[r][cur]]
+                                  : -1);
+        if (h.dedup != Dedup::None) {
+          ++cur;
+          break;
+        }
+      }
+      grpStart->push_back(static_cast<uint32_t>(termRow->size()));
+    }
+    tokStart->push_back(static_cast<uint32_t>(grpStart->size() - 1));
+  }
+}
+
+}  // namespace
+
+fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream) {
+  const int n = h.shape.nranks;
+  std::vector<uint32_t> tokStart, grpStart;
+  std::vector<int64_t> termRow, termWeight;
+  finalSumTerms(h, &tokStart, &grpStart, &termRow, &termWeight);
+  Packer pk;
+  std::vector<size_t> sRows(n), rFan(n), wIdx(n), sK(n), rStart(n), rRows(n);
+  for (int p = 0; p < n; ++p) {
+    sRows[p] = pk.take(h.send.rows[p].size() * 8);
+    rFan[p] = pk.take(h.remoteFanRows[p].size() * 8);
+    wIdx[p] = pk.take(h.weightIdx[p].size() * 8);
+    sK[p] = pk.take(h.send.kStart[p].size() * 4);
+    rStart[p] = pk.take(h.recv.fanStart[p].size() * 4);
+    rRows[p] = pk.take(h.recv.fanRows[p].size() * 8);
+  }
+  const size_t pad = pk.take(h.recv.paddingRows.size() * 8);
+  const size_t tok = pk.take(tokStart.size() * 4), grp = pk.take(grpStart.size() * 4);
+  const size_t trow = pk.take(termRow.size() * 8), twt = pk.take(termWeight.size() * 8);
+  const size_t ones = pk.take(h.numTokens * h.topk * sizeof(float));
+  FUSCO_CHECK(h.devBuffer.reserve(pk.at));
+  char* host = h.devBuffer.host();
+  for (int p = 0; p < n; ++p) {
+    put(host, sRows[p], h.send.rows[p]);
+    put(host, rFan[p], h.remoteFanRows[p]);
+    put(host, wIdx[p], h.weightIdx[p]);
+    put(host, sK[p], h.send.kStart[p]);
+    put(host, rStart[p], h.recv.fanStart[p]);
+    put(host, rRows[p], h.recv.fanRows[p]);
+  }
+  put(host, pad, h.recv.paddingRows);
+  put(host, tok, tokStart);
+  put(host, grp, grpStart);
+  put(host, trow, termRow);
+  put(host, twt, termWeight);
+  const std::vector<float> one(h.numTokens * h.topk, 1.0f);
+  put(host, ones, one);
+  FUSCO_CHECK(h.devBuffer.upload(pk.at, stream));
+  const char* d = h.devBuffer.device();
+  auto& dv = h.dev;
+  dv.sendRows.resize(n), dv.remoteFanRows.resize(n), dv.recvFanRows.resize(n), dv.weightIdx.resize(n);
+  dv.sendKStart.resize(n), dv.recvFanStart.resize(n);
+  for (int p = 0; p < n; ++p) {
+    dv.sendRows[p] = reinterpret_cast<const int64_t*>(d + sRows[p]);
+    dv.remoteFanRows[p] = reinterpret_cast<const int64_t*>(d + rFan[p]);
+    dv.weightIdx[p] = reinterpret_cast<const int64_t*>(d + wIdx[p]);
+    dv.sendKStart[p] = reinterpret_cast<const uint32_t*>(d + sK[p]);
+    dv.recvFanStart[p] = reinterpret_cast<const uint32_t*>(d + rStart[p]);
+    dv.recvFanRows[p] = reinterpret_cast<const int64_t*>(d + rRows[p]);
+  }
+  dv.paddingRows = reinterpret_cast<const int64_t*>(d + pad);
+  dv.tokStart = reinterpret_cast<const uint32_t*>(d + tok);
+  dv.grpStart = reinterpret_cast<const uint32_t*>(d + grp);
+  dv.termRow = reinterpret_cast<const int64_t*>(d + trow);
+  dv.termWeight = reinterpret_cast<const int64_t*>(d + twt);
+  dv.ones = reinterpret_cast<const float*>(d + ones);
+  return fuscoSuccess;
+}
+
+fuscoResult_t deviceDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX, const ArgCheck& a,
+                             void* stream, std::vector<PeerWork>* work) {
+  Communicator& c = *h.comm->impl;
+  const int n = c.nranks();
+  if (a.status == fuscoSuccess) {
+    FUSCO_CHECK(c.useDevice());
+    FUSCO_CHECK(h.devBuffer.waitUploaded(stream));
+    for (int p = 0; p < n; ++p) {
+      const size_t rows = h.send.rows[p].size();
+      auto& w = (*work)[p];
+      w.sends.push_back(RowStream::indexed(x, rowBytes, h.dev.sendRows[p], rows));
+      w.remoteDst.push_back(RowStream::fanOut(nullptr, rowBytes, h.dev.sendKStart[p], h.dev.remoteFanRows[p], rows));
+      RowStream r = RowStream::fanOut(recvX, rowBytes, h.dev.recvFanStart[p], h.dev.recvFanRows[p], h.recv.rowsFrom(p));
+      r.layoutShared = true;
+      r.extent = h.recv.numRecvRows * rowBytes;
+      w.recvs.push_back(r);
+    }
+    FUSCO_CHECK(deviceZeroRows(recvX, rowBytes, h.dev.paddingRows, h.recv.paddingRows.size(), stream));
+  }
+  return runMoeOp(h.comm, "fuscoMoeDispatch", a, *work, false, stream, true);
+}
+
+fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                            const float* topkWeights, void* out, const ArgCheck& a, void* stream) {
+  Communicator& c = *h.comm->impl;
+  const int n = c.nranks();
+  const size_t rowOut = hidden * (dt == fuscoFloat32 ? 4 : 2);
+  if (a.status == fuscoSuccess) {
+    FUSCO_CHECK(c.useDevice());
+    FUSCO_CHECK(h.devBuffer.waitUploaded(stream));
+  }
+  // 1. RANK: the routing weights to the expert side (ones when the caller passes none).
+  char* weights = nullptr;
+  std::vector<size_t> wAt(n, 0);
+  if (h.dedup != Dedup::None) {
+    size_t total = 0;
+    for (int p = 0; p < n; ++p) wAt[p] = total, total += h.recv.fanRows[p].size() * sizeof(float);
+    if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kWeightScratch, total, &weights));
+    std::vector<PeerWork> work(n);
+    const float* w = topkWeights ? topkWeights : h.dev.ones;
+    for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+      work[p].sends.push_back(RowStream::indexed(w, sizeof(float), h.dev.weightIdx[p], h.weightIdx[p].size()));
+      work[p].recvs.push_back(RowStream::flat(weights + wAt[p], h.recv.fanRows[p].size() * sizeof(float)));
+    }
+    FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine (weights)", a, work, false, stream, true));
+  }
+  // 2. One partial (RANK) or raw row (NONE) per received row, straight into the source's landing.
+  size_t landingBytes = 0;
+  for (int p = 0; p < n; ++p) landingBytes += h.send.rows[p].size() * rowOut;
+  char* landing = nullptr;
+  if (a.status == fuscoSuccess && landingBytes > 0) FUSCO_CHECK(c.scratch(kLandingScratch, landingBytes, &landing));
+  std::vector<DevProducer> producers(n);
+  std::vector<PeerWork> work(n);
+  size_t at = 0;
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    const size_t back = h.recv.rowsFrom(p);
+    if (h.dedup != Dedup::None) {
+      producers[p] = DevProducer{dt, hidden, static_cast<const char*>(expertOut), h.dev.recvFanStart[p],
+                                 h.dev.recvFanRows[p], reinterpret_cast<const float*>(weights + wAt[p])};
+      RowStream s = RowStream::indexed(nullptr, rowOut, nullptr, back);
+      s.devProduce = &producers[p];
+      work[p].sends.push_back(s);
+    } else {
+      work[p].sends.push_back(RowStream::indexed(expertOut, rowOut, h.dev.recvFanRows[p], back));
+    }
+    const size_t bytes = h.send.rows[p].size() * rowOut;
+    work[p].recvs.push_back(RowStream::flat(landing + at, bytes));
+    at += bytes;
+  }
+  FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, h.dedup != Dedup::None, stream, true));
+  // 3. The source's sum over ranks, in rank order.
+  DevFinalSum f;
+  f.landing = landing;
+  f.tokStart = h.dev.tokStart;
+  f.grpStart = h.dev.grpStart;
+  f.termRow = h.dev.termRow;
+  f.termWeight = h.dev.termWeight;
+  f.weights = topkWeights;
+  f.out = static_cast<char*>(out);
+  f.ntokens = h.numTokens;
+  return deviceFinalSum(dt, hidden, f, stream);
+}
+
+}  // namespace fusco

@@ -1,0 +1,17 @@
+// MoE dispatch and combine on fuscoMemCuda comms (moe_device.cc).
+#pragma once
+
+#include <vector>
+
+#include "api/moe_handle.h"
+
+namespace fusco {
+
+// Builds the dispatch operation on device buffers (padding rows zeroed on the stream) and runs it.
+fuscoResult_t deviceDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX, const ArgCheck& a,
+                             void* stream, std::vector<PeerWork>* work);
+// The weights exchange (RANK), the partial sums into the sources' landing rows, the final sum.
+fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                            const float* topkWeights, void* out, const ArgCheck& a, void* stream);
+
+}  // namespace fusco

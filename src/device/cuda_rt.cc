@@ -1,0 +1,192 @@
+#include "device/cuda_rt.h"
+
+#include "core/log.h"
+#include "core/result.h"
+#include "device/device_ops.h"
+
+#ifdef FUSCO_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace fusco {
+
+#ifdef FUSCO_HAVE_CUDA
+
+namespace {
+
+fuscoResult_t cudaFail(cudaError_t e, const char* what) {
+  cudaGetLastError();
+  return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s failed: %s (%s)", what, cudaGetErrorName(e),
+                    cudaGetErrorString(e));
+}
+#define RT_CUDA(call)                                  \
+  do {                                                 \
+    cudaError_t e_ = (call);                           \
+    if (e_ != cudaSuccess) return cudaFail(e_, #call); \
+  } while (0)
+
+// Driver entry points, through the runtime (the library never links libcuda itself).
+template <typename Fn>
+Fn driverFn(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<Fn>(f);
+}
+
+using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+}  // namespace
+
+bool cudaBuilt() { return true; }
+
+fuscoResult_t cudaUseDevice(int requested, int* device) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no usable CUDA device: %s (%s)", cudaGetErrorName(e),
+                      cudaGetErrorString(e));
+  }
+  if (n == 0) return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no CUDA device is present");
+  int dev = requested;
+  if (dev < 0) RT_CUDA(cudaGetDevice(&dev));
+  if (dev >= n)
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit, "config.cudaDevice %d: only %d CUDA device(s) present", dev, n);
+  RT_CUDA(cudaSetDevice(dev));
+  *device = dev;
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaSetCurrent(int device) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur == device) return fuscoSuccess;
+  RT_CUDA(cudaSetDevice(device));
+  return fuscoSuccess;
+}
+
+bool cudaIsDevicePointer(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value) {
+  static WriteFn fn = driverFn<WriteFn>("cuStreamWriteValue32");
+  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 is unavailable");
+  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value, 0);
+  if (r != CUDA_SUCCESS)
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 failed (CUresult %d)", static_cast<int>(r));
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value) {
+  static WaitFn fn = driverFn<WaitFn>("cuStreamWaitValue32");
+  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 is unavailable");
+  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value, CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS)
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 failed (CUresult %d)", static_cast<int>(r));
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr) {
+  RT_CUDA(cudaMalloc(ptr, bytes));
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaFreeDevice(void* ptr) {
+  RT_CUDA(cudaFree(ptr));
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return fuscoSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  RT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  RT_CUDA(cudaStreamSynchronize(s));
+  return fuscoSuccess;
+}
+
+void cudaDeviceSyncQuiet() {
+  cudaDeviceSynchronize();
+  cudaGetLastError();
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (event_) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  }
+  if (dev_) cudaFree(dev_);
+  if (host_) cudaFreeHost(host_);
+  cudaGetLastError();
+}
+
+fuscoResult_t DeviceBuffer::reserve(size_t bytes) {
+  if (event_) RT_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+  if (bytes <= cap_) return fuscoSuccess;
+  size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+  if (dev_) RT_CUDA(cudaFree(dev_));
+  if (host_) RT_CUDA(cudaFreeHost(host_));
+  dev_ = host_ = nullptr;
+  cap_ = 0;
+  RT_CUDA(cudaMalloc(reinterpret_cast<void**>(&dev_), cap));
+  RT_CUDA(cudaMallocHost(reinterpret_cast<void**>(&host_), cap));
+  cap_ = cap;
+  return fuscoSuccess;
+}
+
+fuscoResult_t DeviceBuffer::upload(size_t bytes, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (bytes > 0) RT_CUDA(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, s));
+  if (event_ == nullptr) {
+    cudaEvent_t e;
+    RT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    event_ = e;
+  }
+  RT_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event_), s));
+  return fuscoSuccess;
+}
+
+fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
+  if (event_) RT_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0));
+  return fuscoSuccess;
+}
+
+#else  // no CUDA toolkit in this build
+
+namespace {
+fuscoResult_t notBuilt() {
+  return FUSCO_FAIL(fuscoInvalidUsage, kInit, "this build of fusco has no CUDA path (configure with the CUDA toolkit)");
+}
+}  // namespace
+
+bool cudaBuilt() { return false; }
+fuscoResult_t cudaUseDevice(int, int*) { return notBuilt(); }
+fuscoResult_t cudaSetCurrent(int) { return notBuilt(); }
+bool cudaIsDevicePointer(const void*) { return false; }
+fuscoResult_t cudaStreamWriteFlag(void*, void*, uint32_t) { return notBuilt(); }
+fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
+fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
+fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }
+void cudaDeviceSyncQuiet() {}
+DeviceBuffer::~DeviceBuffer() = default;
+fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
+fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
+fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
+fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
+fuscoResult_t deviceWeightedReduce(fuscoDataType_t, size_t, const std::vector<DevReduceTask>&, void*) { return notBuilt(); }
+fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) { return notBuilt(); }
+fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
+
+#endif
+
+}  // namespace fusco

@@ -1,0 +1,61 @@
+// The CUDA runtime as the CUDA path uses it, behind plain C++ (no CUDA headers here): device
+// selection, pointer checks, stream-ordered flag writes and waits, copies and device buffers.
+// Stream arguments are cudaStream_t values passed as void*. In a build without the CUDA toolkit
+// every call fails with fuscoInvalidUsage and says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fusco.h"
+
+namespace fusco {
+
+// True when this build has the CUDA path.
+bool cudaBuilt();
+// Selects `requested` (or the calling thread's current device when < 0) for this thread and
+// returns it. fuscoUnhandledCudaError with the runtime's message when no driver or device is there.
+fuscoResult_t cudaUseDevice(int requested, int* device);
+// Makes `device` current for this thread (every CUDA call of a comm runs on its device).
+fuscoResult_t cudaSetCurrent(int device);
+// Whether p is device memory (or managed memory) that kernels on `device` can use.
+bool cudaIsDevicePointer(const void* p);
+
+// Stream-ordered 32-bit flag operations on memory the device can reach (DeviceFlags):
+// write `value` after all prior work of the stream; wait until (int32)(*flag - value) >= 0.
+fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value);
+fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value);
+
+// Plain device memory (cudaMalloc / cudaFree).
+fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr);
+fuscoResult_t cudaFreeDevice(void* ptr);
+// Copies bytes from device memory to host memory on `stream` and waits for it.
+fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream);
+// Waits for all work of the current device (teardown only).
+void cudaDeviceSyncQuiet();
+
+// Device memory owned by one object, grown on demand (contents not kept), with a pinned host
+// mirror for stream-ordered uploads: fill host(), then upload() enqueues the copy and records an
+// event that later streams wait on (waitUploaded), and a later fill first waits for it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  // Makes room for `bytes` on both sides; the host side is safe to write on success.
+  fuscoResult_t reserve(size_t bytes);
+  char* host() const { return host_; }
+  char* device() const { return dev_; }
+  fuscoResult_t upload(size_t bytes, void* stream);
+  fuscoResult_t waitUploaded(void* stream);
+
+ private:
+  char* host_ = nullptr;
+  char* dev_ = nullptr;
+  size_t cap_ = 0;
+  void* event_ = nullptr;
+};
+
+}  // namespace fusco

@@ -1,0 +1,373 @@
+// The CUDA path's kernels (device_ops.h). Memory-bound copies and sums: 16-byte accesses
+// wherever the rows allow them, several loads in flight per thread before the first store, one
+// warp per copied row (one block per summed row), and a persistent grid capped at
+// FUSCO_CUDA_SMS multiprocessors so communication leaves the rest of the GPU to compute.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/log.h"
+#include "core/params.h"
+#include "core/result.h"
+#include "device/device_ops.h"
+#include "device/reduce_math.h"
+
+namespace fusco {
+
+namespace {
+
+constexpr int kBatch = 32;          // copy tasks per launch (kernel parameters, by value)
+constexpr int kCopyThreads = 256;   // 8 warps, one row each at a time
+constexpr int kUnroll = 4;          // 16-byte loads in flight per lane
+constexpr int kSumThreads = 128;
+
+struct CopyBatch {
+  DevCopyTask t[kBatch];
+  uint64_t rowStart[kBatch + 1];
+  uint32_t vec;  // bit i: task i may use 16-byte accesses
+  int n;
+};
+
+// Copies len bytes from s to each of the ndst destinations, with one warp.
+template <bool kVec>
+__device__ __forceinline__ void warpCopy(const char* s, char* const* dsts, int ndst, uint64_t len, int lane) {
+  uint64_t done = 0;
+  if (kVec) {
+    const uint64_t nv = len / 16;
+    const uint4* sv = reinterpret_cast<const uint4*>(s);
+    for (uint64_t base = 0; base < nv; base += 32 * kUnroll) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        uint64_t j = base + u * 32 + lane;
+        if (j < nv) v[u] = sv[j];
+      }
+      for (int d = 0; d < ndst; ++d) {
+        uint4* dv = reinterpret_cast<uint4*>(dsts[d]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          uint64_t j = base + u * 32 + lane;
+          if (j < nv) dv[j] = v[u];
+        }
+      }
+    }
+    done = nv * 16;
+  }
+  for (uint64_t j = done + lane; j < len; j += 32) {
+    char c = s[j];
+    for (int d = 0; d < ndst; ++d) dsts[d][j] = c;
+  }
+}
+
+constexpr int kMaxFan = 64;  // destinations handled per pass over a row (topk is far smaller)
+
+__global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant__ CopyBatch b) {
+  const int lane = threadIdx.x & 31;
+  const uint64_t nwarps = (static_cast<uint64_t>(gridDim.x) * blockDim.x) >> 5;
+  const uint64_t total = b.rowStart[b.n];
+  for (uint64_t g = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; g < total; g += nwarps) {
+    int lo = 0, hi = b.n - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (b.rowStart[mid] <= g) lo = mid;
+      else hi = mid - 1;
+    }
+    const DevCopyTask& t = b.t[lo];
+    const uint64_t i = g - b.rowStart[lo];
+    const uint64_t off = i * t.rowBytes;
+    const uint64_t len = t.totalBytes - off < t.rowBytes ? t.totalBytes - off : t.rowBytes;
+    const char* s = t.src + (t.srcRows ? static_cast<uint64_t>(t.srcRows[i]) * t.rowBytes : off);
+    char* dsts[kMaxFan];
+    const bool vec = (b.vec >> lo) & 1u;
+    if (t.fanStart == nullptr) {
+      dsts[0] = t.dst + (t.dstRows ? static_cast<uint64_t>(t.dstRows[i]) * t.rowBytes : off);
+      if (vec) warpCopy<true>(s, dsts, 1, len, lane);
+      else warpCopy<false>(s, dsts, 1, len, lane);
+      continue;
+    }
+    for (uint32_t f0 = t.fanStart[i], f1 = t.fanStart[i + 1]; f0 < f1; f0 += kMaxFan) {
+      const int nd = static_cast<int>(min(f1 - f0, static_cast<uint32_t>(kMaxFan)));
+      for (int d = 0; d < nd; ++d) dsts[d] = t.dst + static_cast<uint64_t>(t.fanRows[f0 + d]) * t.rowBytes;
+      if (vec) warpCopy<true>(s, dsts, nd, len, lane);
+      else warpCopy<false>(s, dsts, nd, len, lane);
+    }
+  }
+}
+
+// Element access by datatype: V elements per access (16 bytes when aligned, else 1).
+template <int kDt>
+struct Elem;
+template <>
+struct Elem<fuscoFloat32> {
+  static __device__ __forceinline__ float load(const char* row, uint64_t j) {
+    return reinterpret_cast<const float*>(row)[j];
+  }
+  static __device__ __forceinline__ void store(char* row, uint64_t j, float v) { reinterpret_cast<float*>(row)[j] = v; }
+  static constexpr int kSize = 4;
+};
+template <>
+struct Elem<fuscoBfloat16> {
+  static __device__ __forceinline__ float load(const char* row, uint64_t j) {
+    return asFloat(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[j]) << 16);
+  }
+  static __device__ __forceinline__ void store(char* row, uint64_t j, float v) {
+    reinterpret_cast<uint16_t*>(row)[j] = floatToBf16Inline(v);
+  }
+  static constexpr int kSize = 2;
+};
+template <>
+struct Elem<fuscoFloat16> {
+  static __device__ __forceinline__ float load(const char* row, uint64_t j) {
+    return halfToFloatInline(reinterpret_cast<const uint16_t*>(row)[j]);
+  }
+  static __device__ __forceinline__ void store(char* row, uint64_t j, float v) {
+    reinterpret_cast<uint16_t*>(row)[j] = floatToHalfInline(v);
+  }
+  static constexpr int kSize = 2;
+};
+
+// V consecutive elements at element index j (j a multiple of V when V > 1: one 16-byte access).
+template <int kDt, int V>
+__device__ __forceinline__ void loadVec(const char* row, uint64_t j, float* out) {
+  using E = Elem<kDt>;
+  if constexpr (V == 1) {
+    out[0] = E::load(row, j);
+  } else {
+    uint4 raw = *reinterpret_cast<const uint4*>(row + j * E::kSize);
+    const char* p = reinterpret_cast<const char*>(&raw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = E::load(p, v);
+  }
+}
+template <int kDt, int V>
+__device__ __forceinline__ void storeVec(char* row, uint64_t j, const float* in) {
+  using E = Elem<kDt>;
+  if constexpr (V == 1) {
+    E::store(row, j, in[0]);
+  } else {
+    uint4 raw;
+    char* p = reinterpret_cast<char*>(&raw);
+#pragma unroll
+    for (int v = 0; v < V; ++v) E::store(p, v, in[v]);
+    *reinterpret_cast<uint4*>(row + j * E::kSize) = raw;
+  }
+}
+
+// Round to the datatype and back: what a level of the tree hands to the next one.
+template <int kDt>
+__device__ __forceinline__ float roundTrip(float x) {
+  if constexpr (kDt == fuscoFloat32) return x;
+  else if constexpr (kDt == fuscoBfloat16) return asFloat(static_cast<uint32_t>(floatToBf16Inline(x)) << 16);
+  else return halfToFloatInline(floatToHalfInline(x));
+}
+
+struct ReduceBatch {
+  DevReduceTask t[kBatch];
+  uint64_t rowStart[kBatch + 1];
+  int n;
+  uint64_t hidden;
+};
+
+constexpr int kSumUnroll = 4;  // vectors per thread in flight in the sum kernels
+
+template <int kDt, int V>
+__global__ void __launch_bounds__(kSumThreads) reduceKernel(const __grid_constant__ ReduceBatch b) {
+  const uint64_t total = b.rowStart[b.n];
+  const uint64_t rowBytes = b.hidden * Elem<kDt>::kSize;
+  const uint64_t stride = static_cast<uint64_t>(blockDim.x) * V;
+  for (uint64_t g = blockIdx.x; g < total; g += gridDim.x) {
+    int lo = 0, hi = b.n - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (b.rowStart[mid] <= g) lo = mid;
+      else hi = mid - 1;
+    }
+    const DevReduceTask& t = b.t[lo];
+    const uint64_t i = g - b.rowStart[lo];
+    const uint32_t f0 = t.fanStart[i], f1 = t.fanStart[i + 1];
+    char* dst = t.dst + i * rowBytes;
+    for (uint64_t j0 = static_cast<uint64_t>(threadIdx.x) * V; j0 < b.hidden; j0 += stride * kSumUnroll) {
+      float acc[kSumUnroll][V], x[kSumUnroll][V];
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u)
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[u][v] = 0.0f;
+      for (uint32_t f = f0; f < f1; ++f) {
+        const float w = t.weights[f];
+        const char* row = t.src + static_cast<uint64_t>(t.fanRows[f]) * rowBytes;
+#pragma unroll
+        for (int u = 0; u < kSumUnroll; ++u)
+          if (j0 + u * stride < b.hidden) loadVec<kDt, V>(row, j0 + u * stride, x[u]);
+#pragma unroll
+        for (int u = 0; u < kSumUnroll; ++u)
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[u][v] = __fadd_rn(acc[u][v], __fmul_rn(w, x[u][v]));
+      }
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u)
+        if (j0 + u * stride < b.hidden) storeVec<kDt, V>(dst, j0 + u * stride, acc[u]);
+    }
+  }
+}
+
+template <int kDt, int V>
+__global__ void __launch_bounds__(kSumThreads) finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden) {
+  const uint64_t rowBytes = hidden * Elem<kDt>::kSize;
+  const uint64_t stride = static_cast<uint64_t>(blockDim.x) * V;
+  for (uint64_t t = blockIdx.x; t < f.ntokens; t += gridDim.x) {
+    const uint32_t g0 = f.tokStart[t], g1 = f.tokStart[t + 1];
+    for (uint64_t j0 = static_cast<uint64_t>(threadIdx.x) * V; j0 < hidden; j0 += stride * kSumUnroll) {
+      float node[kSumUnroll][V], rank[kSumUnroll][V], x[kSumUnroll][V];
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u)
+#pragma unroll
+        for (int v = 0; v < V; ++v) node[u][v] = 0.0f;
+      for (uint32_t g = g0; g < g1; ++g) {
+#pragma unroll
+        for (int u = 0; u < kSumUnroll; ++u)
+#pragma unroll
+          for (int v = 0; v < V; ++v) rank[u][v] = 0.0f;
+        for (uint32_t k = f.grpStart[g]; k < f.grpStart[g + 1]; ++k) {
+          const char* row = f.landing + static_cast<uint64_t>(f.termRow[k]) * rowBytes;
+#pragma unroll
+          for (int u = 0; u < kSumUnroll; ++u)
+            if (j0 + u * stride < hidden) loadVec<kDt, V>(row, j0 + u * stride, x[u]);
+          const int64_t wi = f.termWeight[k];
+          const bool weighted = wi >= 0 && f.weights != nullptr;
+          const float w = weighted ? f.weights[wi] : 1.0f;
+#pragma unroll
+          for (int u = 0; u < kSumUnroll; ++u)
+#pragma unroll
+            for (int v = 0; v < V; ++v)
+              rank[u][v] = __fadd_rn(rank[u][v], weighted ? __fmul_rn(w, x[u][v]) : x[u][v]);
+        }
+#pragma unroll
+        for (int u = 0; u < kSumUnroll; ++u)
+#pragma unroll
+          for (int v = 0; v < V; ++v) node[u][v] = __fadd_rn(node[u][v], roundTrip<kDt>(rank[u][v]));
+      }
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u)
+        if (j0 + u * stride < hidden) storeVec<kDt, V>(f.out + t * rowBytes, j0 + u * stride, node[u]);
+    }
+  }
+}
+
+__global__ void zeroRowsKernel(char* base, uint64_t rowBytes, const int64_t* rows, uint64_t n) {
+  for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    char* r = base + static_cast<uint64_t>(rows[i]) * rowBytes;
+    for (uint64_t j = threadIdx.x; j < rowBytes; j += blockDim.x) r[j] = 0;
+  }
+}
+
+fuscoResult_t launchResult(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return fuscoSuccess;
+  return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "launching %s failed: %s (%s)", what, cudaGetErrorName(e),
+                    cudaGetErrorString(e));
+}
+
+// Blocks for a persistent grid: enough for the work, at most `perSm` per allowed multiprocessor.
+unsigned gridFor(uint64_t units, int perSm) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  int64_t cap = paramInt("FUSCO_CUDA_SMS");
+  int64_t use = cap > 0 && cap < sms ? cap : sms;
+  uint64_t blocks = std::min<uint64_t>(units, static_cast<uint64_t>(use) * perSm);
+  return static_cast<unsigned>(std::max<uint64_t>(blocks, 1));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <int kDt>
+fuscoResult_t reduceTyped(size_t hidden, const std::vector<DevReduceTask>& tasks, cudaStream_t s) {
+  const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0;
+  for (size_t at = 0; at < tasks.size(); at += kBatch) {
+    ReduceBatch b{};
+    b.hidden = hidden;
+    bool allAligned = vec;
+    for (size_t i = at; i < tasks.size() && b.n < kBatch; ++i) {
+      if (tasks[i].nrows == 0) continue;
+      allAligned = allAligned && aligned16(tasks[i].src) && aligned16(tasks[i].dst);
+      b.t[b.n] = tasks[i];
+      b.rowStart[b.n + 1] = b.rowStart[b.n] + tasks[i].nrows;
+      ++b.n;
+    }
+    if (b.n == 0) continue;
+    unsigned grid = gridFor(b.rowStart[b.n], 8);
+    if (allAligned) reduceKernel<kDt, 16 / Elem<kDt>::kSize><<<grid, kSumThreads, 0, s>>>(b);
+    else reduceKernel<kDt, 1><<<grid, kSumThreads, 0, s>>>(b);
+    FUSCO_CHECK(launchResult("the combine partial-sum kernel"));
+  }
+  return fuscoSuccess;
+}
+
+template <int kDt>
+fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
+  const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0 && aligned16(f.landing) && aligned16(f.out);
+  unsigned grid = gridFor(f.ntokens, 8);
+  if (vec) finalSumKernel<kDt, 16 / Elem<kDt>::kSize><<<grid, kSumThreads, 0, s>>>(f, hidden);
+  else finalSumKernel<kDt, 1><<<grid, kSumThreads, 0, s>>>(f, hidden);
+  return launchResult("the combine final-sum kernel");
+}
+
+}  // namespace
+
+fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  size_t at = 0;
+  while (at < tasks.size()) {
+    CopyBatch b{};
+    for (; at < tasks.size() && b.n < kBatch; ++at) {
+      DevCopyTask t = tasks[at];
+      if (t.totalBytes == 0 || t.nrows == 0) continue;
+      // Row addresses are base + index * rowBytes: 16-byte accesses need aligned bases and rows
+      // (or a single row at the base itself).
+      const bool single = t.nrows == 1 && !t.srcRows && !t.dstRows && !t.fanStart;
+      const bool v = aligned16(t.src) && aligned16(t.dst) && (t.rowBytes % 16 == 0 || single);
+      b.vec |= static_cast<uint32_t>(v) << b.n;
+      b.t[b.n] = t;
+      b.rowStart[b.n + 1] = b.rowStart[b.n] + t.nrows;
+      ++b.n;
+    }
+    if (b.n == 0) continue;
+    copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, 8), kCopyThreads, 0, s>>>(b);
+    FUSCO_CHECK(launchResult("the row copy kernel"));
+  }
+  return fuscoSuccess;
+}
+
+fuscoResult_t deviceWeightedReduce(fuscoDataType_t dt, size_t hidden, const std::vector<DevReduceTask>& tasks,
+                                   void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dt) {
+    case fuscoFloat32: return reduceTyped<fuscoFloat32>(hidden, tasks, s);
+    case fuscoBfloat16: return reduceTyped<fuscoBfloat16>(hidden, tasks, s);
+    case fuscoFloat16: return reduceTyped<fuscoFloat16>(hidden, tasks, s);
+    default: return FUSCO_FAIL(fuscoInternalError, kEngine, "partial sums of datatype %d", static_cast<int>(dt));
+  }
+}
+
+fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream) {
+  if (f.ntokens == 0) return fuscoSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (dt) {
+    case fuscoFloat32: return finalTyped<fuscoFloat32>(hidden, f, s);
+    case fuscoBfloat16: return finalTyped<fuscoBfloat16>(hidden, f, s);
+    case fuscoFloat16: return finalTyped<fuscoFloat16>(hidden, f, s);
+    default: return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d", static_cast<int>(dt));
+  }
+}
+
+fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream) {
+  if (n == 0) return fuscoSuccess;
+  zeroRowsKernel<<<gridFor(n, 4), 128, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<char*>(base), rowBytes,
+                                                                              rows, n);
+  return launchResult("the padding kernel");
+}
+
+}  // namespace fusco

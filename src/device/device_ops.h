@@ -1,0 +1,70 @@
+// The CUDA path's kernels, seen from host C++ (no CUDA headers here): row copies between device
+// buffers (gather, scatter, fan-out to several rows, all in one pass), the weighted partial sums
+// of combine, the source's final sum, and zero-filling of padding rows. Every launch is
+// stream-ordered on `stream` (a cudaStream_t) and returns once enqueued.
+//
+// Host twins: the copies are row_copy.h's gatherBytes/scatterBytes/streamCopy; the sums are
+// reduce.h's weightedSumRows/sumRows, with the same bits (reduce_math.h is shared).
+// Without the CUDA toolkit in the build, every launcher returns fuscoInvalidUsage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "fusco.h"
+
+namespace fusco {
+
+// One copy: nrows rows of rowBytes from src to dst. A side with rows == nullptr is contiguous
+// (row i at base + i * rowBytes); a destination with fanStart writes row i to every row
+// fanRows[fanStart[i] .. fanStart[i+1]). totalBytes clips the last row (contiguous pieces of a
+// flat message); otherwise it is nrows * rowBytes. All pointers are device pointers.
+struct DevCopyTask {
+  const char* src = nullptr;
+  const int64_t* srcRows = nullptr;
+  char* dst = nullptr;
+  const int64_t* dstRows = nullptr;
+  const uint32_t* fanStart = nullptr;
+  const int64_t* fanRows = nullptr;
+  uint64_t rowBytes = 0;
+  uint64_t nrows = 0;
+  uint64_t totalBytes = 0;
+};
+fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream);
+
+// Weighted partial sums (combine at the expert rank): dst row i (contiguous) =
+// round_dt(sum over f in [fanStart[i], fanStart[i+1]) of weights[f] * src[fanRows[f]]), fp32
+// accumulation from +0 in f order, multiply and add rounded separately.
+struct DevReduceTask {
+  const char* src = nullptr;
+  const uint32_t* fanStart = nullptr;
+  const int64_t* fanRows = nullptr;
+  const float* weights = nullptr;
+  char* dst = nullptr;
+  uint64_t nrows = 0;
+};
+fuscoResult_t deviceWeightedReduce(fuscoDataType_t dt, size_t hidden, const std::vector<DevReduceTask>& tasks,
+                                   void* stream);
+
+// The source's final sum over one node: for token t, groups g in [tokStart[t], tokStart[t+1]) (one
+// per rank, rank ascending), each with terms [grpStart[g], grpStart[g+1]) of landing rows:
+//   out[t] = round_dt(sum_g widen(round_dt(sum_terms w * row)))
+// where w = weights[termWeight[term]], or the row itself when termWeight < 0 or weights is null.
+// A token without groups gets zeros.
+struct DevFinalSum {
+  const char* landing = nullptr;
+  const uint32_t* tokStart = nullptr;
+  const uint32_t* grpStart = nullptr;
+  const int64_t* termRow = nullptr;
+  const int64_t* termWeight = nullptr;
+  const float* weights = nullptr;
+  char* out = nullptr;
+  uint64_t ntokens = 0;
+};
+fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
+
+// Zero-fills rows[0..n) of base (rows of rowBytes).
+fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream);
+
+}  // namespace fusco

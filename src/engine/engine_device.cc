@@ -1,0 +1,202 @@
+#include "engine/engine_device.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+#include "core/params.h"
+#include "core/result.h"
+#include "device/cuda_rt.h"
+#include "device/device_ops.h"
+
+namespace fusco {
+
+namespace {
+
+constexpr int kStagingScratch = 100;       // the comm's scratch slot for staged receives
+constexpr uint64_t kFlatPiece = 64 << 10;  // a flat message is copied in pieces of this size
+constexpr size_t kStagingAlign = 256;
+
+bool flat(const RowStream& s) { return s.rows == nullptr && s.fanStart == nullptr; }
+
+uint64_t total(const std::vector<uint64_t>& v) {
+  uint64_t n = 0;
+  for (uint64_t b : v) n += b;
+  return n;
+}
+
+// One copy from stream s to stream d (same bytes); a flat side takes the other side's rows.
+fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opName, DevCopyTask* t) {
+  t->src = s.base;
+  t->srcRows = s.rows;
+  t->dst = d.base;
+  t->dstRows = d.rows;
+  t->fanStart = d.fanStart;
+  t->fanRows = d.fanRows;
+  t->totalBytes = s.bytes();
+  if (flat(s) && flat(d)) {
+    t->rowBytes = kFlatPiece;
+    t->nrows = (t->totalBytes + kFlatPiece - 1) / kFlatPiece;
+  } else if (flat(s)) {
+    t->rowBytes = d.rowBytes;
+    t->nrows = d.nrows;
+  } else if (flat(d) || s.rowBytes == d.rowBytes) {
+    t->rowBytes = s.rowBytes;
+    t->nrows = s.nrows;
+  } else {
+    return FUSCO_FAIL(fuscoInvalidUsage, kEngine, "%s: rows of %zu bytes cannot land in rows of %zu bytes on the GPU",
+                      opName, s.rowBytes, d.rowBytes);
+  }
+  if (t->rowBytes * t->nrows < t->totalBytes && !(flat(s) && flat(d)))
+    return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: a device copy of %llu bytes does not match its rows", opName,
+                      static_cast<unsigned long long>(t->totalBytes));
+  return fuscoSuccess;
+}
+
+}  // namespace
+
+fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,
+                           std::vector<PairHeader>* mine, DeviceOffers* offers) {
+  const int n = c.nranks();
+  const bool direct = paramInt("FUSCO_SHM_DIRECT") != 0;
+  offers->stagedAt.assign(n, {});
+  size_t staged = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == c.rank() || !involved[p]) continue;
+    const auto& recvs = op.peers[p].recvs;
+    PairHeader& h = (*mine)[p];
+    offers->stagedAt[p].assign(recvs.size(), -1);
+    for (size_t m = 0; m < recvs.size(); ++m) {
+      const RowStream& r = recvs[m];
+      const size_t extent = r.extentBytes();
+      uint64_t token = kStagedToken;
+      if (r.bytes() > 0 && direct && extent > 0 && (r.contiguous() || r.layoutShared) &&
+          c.regionToken(p, r.base, extent, &token)) {
+        h.recvTokens[m] = token;
+        h.recvExtents[m] = r.contiguous() ? extent : (extent | kLayoutSharedBit);
+        continue;
+      }
+      h.recvTokens[m] = kStagedToken;
+      h.recvExtents[m] = r.bytes();
+      if (r.bytes() == 0) continue;
+      offers->stagedAt[p][m] = static_cast<int64_t>(staged);
+      staged += (r.bytes() + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    }
+  }
+  if (staged == 0) return fuscoSuccess;
+  FUSCO_CHECK(c.scratch(kStagingScratch, staged, &offers->staging));
+  for (int p = 0; p < n; ++p) {
+    for (size_t m = 0; m < offers->stagedAt[p].size(); ++m) {
+      const int64_t at = offers->stagedAt[p][m];
+      if (at < 0) continue;
+      PairHeader& h = (*mine)[p];
+      if (!c.regionToken(p, offers->staging + at, h.recvBytes[m], &h.recvTokens[m]))
+        return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: the staging area is not reachable by rank %d", op.name, p);
+    }
+  }
+  return fuscoSuccess;
+}
+
+fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
+                              const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
+                              const DeviceOffers& offers) {
+  const int n = c.nranks(), me = c.rank();
+  void* s = op.stream;
+  FUSCO_CHECK(c.useDevice());
+  std::vector<DeviceFlags> flags(n);
+  std::vector<uint32_t> sendSeq(n, 0), recvSeq(n, 0);
+  std::vector<bool> sends(n, false), recvs(n, false);
+  for (int p = 0; p < n; ++p) {
+    if (p == me || !moves[p]) continue;
+    sends[p] = total(mine[p].sendBytes) > 0;
+    recvs[p] = total(mine[p].recvBytes) > 0;
+    if (sends[p] || recvs[p]) FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
+  }
+  // 1. Tell each sender that this rank's buffers may be written, then wait until each receiver
+  //    said so.
+  for (int p = 0; p < n; ++p) {
+    if (!recvs[p]) continue;
+    recvSeq[p] = c.nextDeviceRecvSeq(p);
+    FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[0], recvSeq[p]));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (!sends[p]) continue;
+    sendSeq[p] = c.nextDeviceSendSeq(p);
+    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[0], sendSeq[p]));
+    c.watch()->add(p, flags[p].hostWait[0], sendSeq[p], "its buffers to be free");
+  }
+  // 2. One pass over every message: source rows straight into the final (or staged) rows.
+  std::vector<DevCopyTask> copies;
+  std::vector<DevReduceTask> sums;
+  const DevProducer* producer = nullptr;
+  for (int p = 0; p < n; ++p) {
+    if (!moves[p]) continue;
+    const PeerWork& w = op.peers[p];
+    for (size_t m = 0; m < w.sends.size(); ++m) {
+      const RowStream& src = w.sends[m];
+      if (src.bytes() == 0) continue;
+      RowStream dst;
+      if (p == me) {
+        dst = op.peers[me].recvs[m];
+      } else {
+        const uint64_t token = theirs[p].recvTokens[m], extent = theirs[p].recvExtents[m];
+        const PeerConn& pc = c.conn(p);
+        void* base = token == kStagedToken || pc.ops->peerPointer == nullptr
+                         ? nullptr
+                         : pc.ops->peerPointer(pc.tc, p, token, extent & ~kLayoutSharedBit);
+        if (base == nullptr)
+          return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered for message %zu",
+                            op.name, p, m);
+        if (extent & kLayoutSharedBit) {
+          if (w.remoteDst.size() <= m)
+            return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d shares a layout this rank does not know", op.name, p);
+          dst = w.remoteDst[m];
+          dst.base = static_cast<char*>(base);
+        } else {
+          dst = RowStream::flat(base, src.bytes());
+        }
+      }
+      if (src.devProduce != nullptr) {
+        if (!dst.contiguous())
+          return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: partial sums must land contiguously", op.name);
+        producer = src.devProduce;
+        DevReduceTask t;
+        t.src = producer->src;
+        t.fanStart = producer->fanStart;
+        t.fanRows = producer->fanRows;
+        t.weights = producer->weights;
+        t.dst = dst.base;
+        t.nrows = src.nrows;
+        sums.push_back(t);
+        continue;
+      }
+      DevCopyTask t;
+      FUSCO_CHECK(copyTask(src, dst, op.name, &t));
+      copies.push_back(t);
+    }
+  }
+  FUSCO_CHECK(deviceCopy(copies, s));
+  if (producer != nullptr) FUSCO_CHECK(deviceWeightedReduce(producer->dt, producer->hidden, sums, s));
+  // 3. Tell each receiver its data is in place; wait for every sender's data.
+  for (int p = 0; p < n; ++p)
+    if (sends[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[1], sendSeq[p]));
+  for (int p = 0; p < n; ++p) {
+    if (!recvs[p]) continue;
+    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[1], recvSeq[p]));
+    c.watch()->add(p, flags[p].hostWait[1], recvSeq[p], "its data");
+  }
+  // 4. Staged messages: from the staging area into the final rows.
+  copies.clear();
+  for (int p = 0; p < n; ++p) {
+    if (p == me || !moves[p] || offers.stagedAt.size() <= static_cast<size_t>(p)) continue;
+    for (size_t m = 0; m < offers.stagedAt[p].size(); ++m) {
+      if (offers.stagedAt[p][m] < 0) continue;
+      const RowStream& dst = op.peers[p].recvs[m];
+      DevCopyTask t;
+      FUSCO_CHECK(copyTask(RowStream::flat(offers.staging + offers.stagedAt[p][m], dst.bytes()), dst, op.name, &t));
+      copies.push_back(t);
+    }
+  }
+  return deviceCopy(copies, s);
+}
+
+}  // namespace fusco

@@ -1,0 +1,472 @@
+// The CUDA IPC transport ("cuda_ipc"), for fuscoMemCuda communicators between ranks of one node.
+//
+// Control messages (the engine's header and verdict rounds) travel through an shm transport
+// underneath, in host memory. Device memory is shared with CUDA IPC: every region a peer may write
+// (fuscoMemAlloc memory, the communicator's scratch, fuscoCommRegister'ed buffers) is exported
+// once into this rank's directory, a table in a small memfd page that local peers map; a token
+// names (directory slot, offset), and a peer opens each slot's handle once and caches the mapping.
+// The same page holds the completion flags (DeviceFlags) the CUDA path's streams wait on; it is
+// registered with CUDA in every process that maps it, so streams read and write it directly.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/blob.h"
+#include "core/log.h"
+#include "core/result.h"
+#include "transport/transport.h"
+
+namespace fusco {
+
+extern const TransportOps kShmTransport;
+
+namespace {
+
+constexpr uint64_t kPageMagic = 0x6673636f69706331ULL;  // "fscoipc1"
+constexpr size_t kPage = 4096;
+constexpr size_t kFlagStride = 64;        // one cache line per flag
+constexpr uint32_t kMaxRegions = 16384;   // directory slots (never reused within a comm)
+constexpr int kTokenShift = 44;           // token = slot << 44 | offset
+constexpr uint64_t kOffsetMask = (1ull << kTokenShift) - 1;
+constexpr size_t kIpcUnit = 2 << 20;
+
+struct PageHeader {
+  uint64_t magic;
+  int32_t nranks;
+  int32_t ownerRank;
+  uint64_t flagsOffset;
+  uint64_t dirOffset;
+  uint64_t bytes;
+};
+
+// One exported region. bytes == 0: free (never written) or released.
+struct DirEntry {
+  cudaIpcMemHandle_t handle;
+  uint64_t bytes;
+  std::atomic<uint64_t> published;  // 1 once handle and bytes are written
+};
+
+struct Page {
+  int fd = -1;
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  size_t flagsBytes = 0;
+  void* flagsDev = nullptr;  // device address of the flags (registered), nullptr if not
+  PageHeader* header() const { return reinterpret_cast<PageHeader*>(base); }
+  uint8_t* flags() const { return base + header()->flagsOffset; }
+  DirEntry* dir() const { return reinterpret_cast<DirEntry*>(base + header()->dirOffset); }
+};
+
+struct Region {
+  uint32_t slot = 0;
+  size_t bytes = 0;
+  bool owned = false;  // allocated here (fuscoMemAlloc / scratch): freed on memFree
+};
+
+struct IpcPeer {
+  bool connected = false;
+  PeerInfo info;
+  Page page;
+  std::map<uint32_t, void*> opened;  // slot -> mapping in this process
+};
+
+struct IpcComm {
+  int rank = 0, nranks = 0, device = 0;
+  TransportComm* shm = nullptr;
+  Page own;
+  std::vector<IpcPeer> peers;
+  std::map<uintptr_t, Region> regions;  // base address -> region
+  uint32_t nextSlot = 0;
+};
+
+IpcComm* asIpc(TransportComm* tc) { return reinterpret_cast<IpcComm*>(tc); }
+
+fuscoResult_t cudaFail(cudaError_t e, const char* what) {
+  return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc, "cuda_ipc: %s failed: %s (%s)", what,
+                    cudaGetErrorName(e), cudaGetErrorString(e));
+}
+#define IPC_CUDA(call)                                             \
+  do {                                                             \
+    cudaError_t e_ = (call);                                       \
+    if (e_ != cudaSuccess) return cudaFail(e_, #call);             \
+  } while (0)
+
+size_t flagsBytesFor(int nranks) {
+  return (2 * static_cast<size_t>(nranks) * kFlagStride + kPage - 1) / kPage * kPage;
+}
+size_t pageBytesFor(int nranks) {
+  size_t dir = (kMaxRegions * sizeof(DirEntry) + kPage - 1) / kPage * kPage;
+  return kPage + flagsBytesFor(nranks) + dir;
+}
+
+void unmapPage(Page* p) {
+  if (p->flagsDev != nullptr) cudaHostUnregister(p->base + kPage);
+  if (p->base != nullptr) munmap(p->base, p->bytes);
+  if (p->fd >= 0) close(p->fd);
+  *p = Page();
+}
+
+// Registers the flags of a mapped page with CUDA so streams can wait on them and write them.
+fuscoResult_t registerFlags(Page* p, int nranks) {
+  p->flagsBytes = flagsBytesFor(nranks);
+  IPC_CUDA(cudaHostRegister(p->base + kPage, p->flagsBytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void* dev = nullptr;
+  cudaError_t e = cudaHostGetDevicePointer(&dev, p->base + kPage, 0);
+  if (e != cudaSuccess) {
+    cudaHostUnregister(p->base + kPage);
+    return cudaFail(e, "cudaHostGetDevicePointer(completion flags)");
+  }
+  p->flagsDev = dev;
+  return fuscoSuccess;
+}
+
+fuscoResult_t createPage(int rank, int nranks, Page* out) {
+  Page p;
+  p.bytes = pageBytesFor(nranks);
+  p.fd = memfd_create("fusco-ipc", MFD_CLOEXEC);
+  if (p.fd < 0) return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: memfd_create: %s", strerror(errno));
+  fchmod(p.fd, 0600);
+  if (ftruncate(p.fd, static_cast<off_t>(p.bytes)) != 0) {
+    int e = errno;
+    unmapPage(&p);
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: sizing the directory page: %s", strerror(e));
+  }
+  void* m = mmap(nullptr, p.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0);
+  if (m == MAP_FAILED) {
+    int e = errno;
+    unmapPage(&p);
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: mapping the directory page: %s", strerror(e));
+  }
+  p.base = static_cast<uint8_t*>(m);
+  PageHeader* h = p.header();
+  h->magic = kPageMagic;
+  h->nranks = nranks;
+  h->ownerRank = rank;
+  h->flagsOffset = kPage;
+  h->dirOffset = kPage + flagsBytesFor(nranks);
+  h->bytes = p.bytes;
+  fuscoResult_t r = registerFlags(&p, nranks);
+  if (r != fuscoSuccess) {
+    unmapPage(&p);
+    return r;
+  }
+  *out = p;
+  return fuscoSuccess;
+}
+
+fuscoResult_t openPeerPage(int peer, int nranks, pid_t pid, int fd, uint64_t bytes, Page* out) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(pid), fd);
+  Page p;
+  p.fd = open(path, O_RDWR | O_CLOEXEC);
+  if (p.fd < 0)
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cannot open the directory page of rank %d (%s): %s",
+                      peer, path, strerror(errno));
+  p.bytes = bytes;
+  void* m = bytes == pageBytesFor(nranks) ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0)
+                                          : MAP_FAILED;
+  if (m == MAP_FAILED) {
+    unmapPage(&p);
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cannot map the directory page of rank %d (%llu bytes)",
+                      peer, static_cast<unsigned long long>(bytes));
+  }
+  p.base = static_cast<uint8_t*>(m);
+  close(p.fd);
+  p.fd = -1;
+  if (p.header()->magic != kPageMagic || p.header()->nranks != nranks || p.header()->ownerRank != peer) {
+    unmapPage(&p);
+    return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: the directory page of rank %d is not for this communicator", peer);
+  }
+  fuscoResult_t r = registerFlags(&p, nranks);
+  if (r != fuscoSuccess) {
+    unmapPage(&p);
+    return r;
+  }
+  *out = p;
+  return fuscoSuccess;
+}
+
+// Exports [base, base+bytes) (the start of a CUDA allocation) into a new directory slot.
+fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned) {
+  if (c->nextSlot >= kMaxRegions)
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: more than %u regions exported by one communicator", kMaxRegions);
+  cudaIpcMemHandle_t h;
+  IPC_CUDA(cudaIpcGetMemHandle(&h, base));
+  uint32_t slot = c->nextSlot++;
+  DirEntry& e = c->own.dir()[slot];
+  e.handle = h;
+  e.bytes = bytes;
+  e.published.store(1, std::memory_order_release);
+  c->regions[reinterpret_cast<uintptr_t>(base)] = Region{slot, bytes, owned};
+  return fuscoSuccess;
+}
+
+// Peers close their mapping of a released slot before they open a newer one (ipcPeerPointer).
+void unexport(IpcComm* c, std::map<uintptr_t, Region>::iterator it) {
+  reinterpret_cast<std::atomic<uint64_t>*>(&c->own.dir()[it->second.slot].bytes)->store(0, std::memory_order_release);
+  c->regions.erase(it);
+}
+
+int ipcScore(const TransportContext& ctx, int peer) {
+  if (ctx.memType != fuscoMemCuda || ctx.peers == nullptr || peer == ctx.rank) return -1;
+  if (peer < 0 || peer >= static_cast<int>(ctx.peers->size()) || ctx.rank < 0 ||
+      ctx.rank >= static_cast<int>(ctx.peers->size()))
+    return -1;
+  if ((*ctx.peers)[peer].hostId != (*ctx.peers)[ctx.rank].hostId) return -1;
+  if (ctx.nodes != nullptr && !ctx.nodes->sameNode(ctx.rank, peer)) return -1;
+  return 10;
+}
+
+fuscoResult_t ipcSetup(const TransportContext& ctx, const std::vector<int>& peers, TransportComm** tc,
+                       std::string* blob) {
+  int dev = -1;
+  IPC_CUDA(cudaGetDevice(&dev));
+  TransportContext hostCtx = ctx;
+  hostCtx.memType = fuscoMemHost;
+  TransportComm* shm = nullptr;
+  std::string shmBlob;
+  FUSCO_CHECK(kShmTransport.setup(hostCtx, peers, &shm, &shmBlob));
+  IpcComm* c = new IpcComm;
+  c->rank = ctx.rank;
+  c->nranks = ctx.nranks;
+  c->device = dev;
+  c->shm = shm;
+  c->peers.resize(ctx.nranks);
+  for (int r = 0; r < ctx.nranks; ++r) c->peers[r].info = (*ctx.peers)[r];
+  fuscoResult_t r = createPage(ctx.rank, ctx.nranks, &c->own);
+  if (r != fuscoSuccess) {
+    kShmTransport.close(shm);
+    delete c;
+    return r;
+  }
+  struct { int32_t pid, fd; uint64_t bytes; } me = {static_cast<int32_t>(getpid()), c->own.fd, c->own.bytes};
+  blob->clear();
+  appendBlob(blob, shmBlob);
+  appendBlob(blob, std::string(reinterpret_cast<const char*>(&me), sizeof(me)));
+  FUSCO_INFO(kIpc, "cuda_ipc: rank %d on device %d, %zu local peers", ctx.rank, dev, peers.size());
+  *tc = reinterpret_cast<TransportComm*>(c);
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcConnect(TransportComm* tc, const std::vector<std::string>& blobs) {
+  IpcComm* c = asIpc(tc);
+  std::vector<std::string> shmBlobs(blobs.size());
+  std::vector<std::string> parts;
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    if (blobs[r].empty()) continue;
+    if (!splitBlobs(blobs[r], 0, 2, &parts) || parts[1].size() != 16)
+      return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: rank %zu published a malformed blob", r);
+    shmBlobs[r] = parts[0];
+  }
+  FUSCO_CHECK(kShmTransport.connect(c->shm, shmBlobs));
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    if (blobs[r].empty() || static_cast<int>(r) == c->rank) continue;
+    splitBlobs(blobs[r], 0, 2, &parts);
+    struct { int32_t pid, fd; uint64_t bytes; } peer;
+    memcpy(&peer, parts[1].data(), sizeof(peer));
+    FUSCO_CHECK(openPeerPage(static_cast<int>(r), c->nranks, peer.pid, peer.fd, peer.bytes, &c->peers[r].page));
+    c->peers[r].connected = true;
+  }
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcSendAcquire(TransportComm* tc, int peer, void** buf, size_t* cap) {
+  return kShmTransport.sendAcquire(asIpc(tc)->shm, peer, buf, cap);
+}
+fuscoResult_t ipcSendPost(TransportComm* tc, int peer, uint32_t tag, size_t len) {
+  return kShmTransport.sendPost(asIpc(tc)->shm, peer, tag, len);
+}
+fuscoResult_t ipcRecvPoll(TransportComm* tc, int peer, const void** buf, size_t* len, uint32_t* tag) {
+  return kShmTransport.recvPoll(asIpc(tc)->shm, peer, buf, len, tag);
+}
+fuscoResult_t ipcRecvRelease(TransportComm* tc, int peer) {
+  return kShmTransport.recvRelease(asIpc(tc)->shm, peer);
+}
+
+fuscoResult_t ipcMemAlloc(TransportComm* tc, size_t bytes, void** ptr) {
+  IpcComm* c = asIpc(tc);
+  void* p = nullptr;
+  // Whole 2 MiB units: the runtime packs smaller allocations into shared units, and a peer cannot
+  // open two IPC handles of one unit ("resource already mapped").
+  bytes = (bytes + kIpcUnit - 1) / kIpcUnit * kIpcUnit;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cudaMalloc of %zu bytes failed: %s", bytes,
+                      cudaGetErrorString(e));
+  }
+  fuscoResult_t r = exportRegion(c, p, bytes, true);
+  if (r != fuscoSuccess) {
+    cudaFree(p);
+    return r;
+  }
+  *ptr = p;
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
+  IpcComm* c = asIpc(tc);
+  auto it = c->regions.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == c->regions.end() || !it->second.owned)
+    return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: %p is not device memory of this communicator", ptr);
+  unexport(c, it);
+  IPC_CUDA(cudaFree(ptr));
+  return fuscoSuccess;
+}
+
+// The base and size of the CUDA allocation holding ptr (driver API through the runtime's entry
+// point, so the library never links libcuda itself).
+fuscoResult_t allocationRange(const void* ptr, void** base, size_t* bytes) {
+  using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static RangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<RangeFn>(f);
+  }();
+  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc, "cuda_ipc: cuMemGetAddressRange is unavailable");
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  if (fn(&b, &n, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
+    return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: %p is not CUDA device memory", ptr);
+  *base = reinterpret_cast<void*>(b);
+  *bytes = n;
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcMemRegister(TransportComm* tc, void* ptr, size_t bytes) {
+  IpcComm* c = asIpc(tc);
+  void* base;
+  size_t size;
+  FUSCO_CHECK(allocationRange(ptr, &base, &size));
+  if (static_cast<char*>(ptr) + bytes > static_cast<char*>(base) + size)
+    return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: [%p, +%zu) runs past its CUDA allocation", ptr, bytes);
+  if (c->regions.count(reinterpret_cast<uintptr_t>(base))) return fuscoSuccess;  // exported already
+  return exportRegion(c, base, size, false);
+}
+
+fuscoResult_t ipcMemDeregister(TransportComm* tc, void* ptr) {
+  IpcComm* c = asIpc(tc);
+  void* base;
+  size_t size;
+  FUSCO_CHECK(allocationRange(ptr, &base, &size));
+  auto it = c->regions.find(reinterpret_cast<uintptr_t>(base));
+  if (it != c->regions.end() && !it->second.owned) unexport(c, it);
+  return fuscoSuccess;
+}
+
+bool ipcRegionToken(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* token) {
+  IpcComm* c = asIpc(tc);
+  if (c == nullptr || c->regions.empty()) return false;
+  uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = c->regions.upper_bound(p);
+  if (it == c->regions.begin()) return false;
+  --it;
+  uint64_t off = p - it->first;
+  if (off > it->second.bytes || bytes > it->second.bytes - off || off > kOffsetMask) return false;
+  *token = (static_cast<uint64_t>(it->second.slot) << kTokenShift) | off;
+  return true;
+}
+
+void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) {
+  IpcComm* c = asIpc(tc);
+  if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) return nullptr;
+  IpcPeer& p = c->peers[peer];
+  const uint32_t slot = static_cast<uint32_t>(token >> kTokenShift);
+  const uint64_t off = token & kOffsetMask;
+  if (slot >= kMaxRegions) return nullptr;
+  const DirEntry& e = p.page.dir()[slot];
+  if (e.published.load(std::memory_order_acquire) == 0 || off > e.bytes || bytes > e.bytes - off) return nullptr;
+  auto it = p.opened.find(slot);
+  if (it == p.opened.end()) {
+    // Regions the peer released may share memory with the new one: close them first (a CUDA
+    // allocation can be open only once per process).
+    for (auto o = p.opened.begin(); o != p.opened.end();) {
+      if (p.page.dir()[o->first].bytes != 0) { ++o; continue; }
+      cudaIpcCloseMemHandle(o->second);
+      o = p.opened.erase(o);
+    }
+    void* m = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&m, e.handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer, cudaGetErrorString(err));
+      return nullptr;
+    }
+    it = p.opened.emplace(slot, m).first;
+  }
+  return static_cast<char*>(it->second) + off;
+}
+
+fuscoResult_t ipcDeviceFlags(TransportComm* tc, int peer, DeviceFlags* out) {
+  IpcComm* c = asIpc(tc);
+  if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected)
+    return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc: rank %d is not connected", peer);
+  const Page& peerPage = c->peers[peer].page;
+  for (int kind = 0; kind < 2; ++kind) {
+    size_t mine = (static_cast<size_t>(kind) * c->nranks + peer) * kFlagStride;
+    size_t theirs = (static_cast<size_t>(kind) * c->nranks + c->rank) * kFlagStride;
+    out->hostWait[kind] = reinterpret_cast<volatile uint32_t*>(c->own.flags() + mine);
+    out->devWait[kind] = static_cast<char*>(c->own.flagsDev) + mine;
+    out->devPost[kind] = static_cast<char*>(peerPage.flagsDev) + theirs;
+  }
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcCheckPeer(TransportComm* tc, int peer) { return kShmTransport.checkPeer(asIpc(tc)->shm, peer); }
+void ipcMarkAborted(TransportComm* tc, const char* reason) {
+  if (tc != nullptr) kShmTransport.markAborted(asIpc(tc)->shm, reason);
+}
+
+void ipcClose(TransportComm* tc) {
+  IpcComm* c = asIpc(tc);
+  if (c == nullptr) return;
+  for (IpcPeer& p : c->peers) {
+    for (auto& [slot, m] : p.opened) cudaIpcCloseMemHandle(m);
+    unmapPage(&p.page);
+  }
+  for (auto& [base, reg] : c->regions)
+    if (reg.owned) cudaFree(reinterpret_cast<void*>(base));
+  unmapPage(&c->own);
+  kShmTransport.close(c->shm);
+  cudaGetLastError();  // a peer that died may leave errors behind; they are not this comm's
+  delete c;
+}
+
+}  // namespace
+
+extern const TransportOps kCudaIpcTransport;
+const TransportOps kCudaIpcTransport = {
+    "cuda_ipc",        // name
+    ipcScore,          // score
+    ipcSetup,          // setup
+    ipcConnect,        // connect
+    ipcSendAcquire,    // sendAcquire
+    ipcSendPost,       // sendPost
+    ipcRecvPoll,       // recvPoll
+    ipcRecvRelease,    // recvRelease
+    ipcMemAlloc,       // memAlloc
+    ipcMemFree,        // memFree
+    ipcRegionToken,    // regionToken
+    ipcPeerPointer,    // peerPointer
+    ipcMemRegister,    // memRegister
+    ipcMemDeregister,  // memDeregister
+    ipcDeviceFlags,    // deviceFlags
+    ipcCheckPeer,      // checkPeer
+    ipcMarkAborted,    // markAborted
+    ipcClose,          // close
+};
+
+}  // namespace fusco
