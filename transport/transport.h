@@ -85,10 +85,11 @@ struct TransportOps {
   bool (*regionToken)(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* token);
   void* (*peerPointer)(TransportComm* tc, int peer, uint64_t token, size_t bytes);
 
-  // Device-memory transports only (nullptr elsewhere): make a caller's buffer reachable by peers
-  // (fuscoCommRegister) and drop it again, and the completion flags shared with a peer.
-  fuscoResult_t (*memRegister)(TransportComm* tc, void* ptr, size_t bytes);
-  fuscoResult_t (*memDeregister)(TransportComm* tc, void* ptr);
+  // Device-memory transports only (nullptr elsewhere): make a caller's CUDA allocation [base,
+  // base + bytes) reachable by peers (fuscoCommRegister; registrations of one allocation are
+  // counted) and drop one registration again, and the completion flags shared with a peer.
+  fuscoResult_t (*memRegister)(TransportComm* tc, void* base, size_t bytes);
+  fuscoResult_t (*memDeregister)(TransportComm* tc, void* base);
   fuscoResult_t (*deviceFlags)(TransportComm* tc, int peer, DeviceFlags* out);
 
   // fuscoRemoteError (message names the peer) if the peer died or aborted; fuscoSuccess otherwise.

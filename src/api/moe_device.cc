@@ -151,7 +151,7 @@ fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataT
                             const float* topkWeights, void* out, const ArgCheck& a, void* stream) {
   Communicator& c = *h.comm->impl;
   const int n = c.nranks();
-  const size_t rowOut = hidden * (dt == fuscoFloat32 ? 4 : 2);
+  const size_t rowOut = hidden * dataTypeSize(dt);
   if (a.status == fuscoSuccess) {
     FUSCO_CHECK(c.useDevice());
     FUSCO_CHECK(h.devBuffer.waitUploaded(stream));

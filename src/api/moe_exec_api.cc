@@ -147,7 +147,7 @@ void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size
 
 // Routing weights to the expert side (ones when the caller passes none, so every rank ships the
 // same shape of message whatever its peers passed).
-fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const ArgCheck& a, Traffic* traffic) {
+fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const ArgCheck& a) {
   Communicator& c = *h.comm->impl;
   int n = c.nranks();
   std::vector<float> ones;
@@ -162,7 +162,6 @@ fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const Arg
     work[p].sends.push_back(RowStream::indexed(w, sizeof(float), h.weightIdx[p].data(), h.weightIdx[p].size()));
     h.recvWeights[p].resize(h.recv.fanRows[p].size());
     work[p].recvs.push_back(RowStream::flat(h.recvWeights[p].data(), h.recvWeights[p].size() * sizeof(float)));
-    traffic->add(c, p, 0, h.weightIdx[p].size() * sizeof(float));
   }
   return runMoeOp(h.comm, "fuscoMoeCombine (weights)", a, work);
 }
@@ -172,8 +171,7 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
   Communicator& c = *h.comm->impl;
   int n = c.nranks();
   const size_t elem = dataTypeSize(dt), rowOut = hidden * elem;
-  Traffic traffic;
-  if (h.dedup != Dedup::None) FUSCO_CHECK(shipWeights(h, topkWeights, a, &traffic));
+  if (h.dedup != Dedup::None) FUSCO_CHECK(shipWeights(h, topkWeights, a));
   // Landing rows for what comes back, in the communicator's scratch (peers write it directly).
   std::vector<char*> landing(n, nullptr);
   size_t total = 0;
@@ -195,13 +193,10 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
     size_t bytes = h.send.rows[p].size() * rowOut;
     work[p].recvs.push_back(RowStream::flat(landing[p], bytes));
     at += bytes;
-    traffic.add(c, p, back, back * rowOut);
   }
   // After the weights exchange every rank knows the call is valid everywhere.
   FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, h.dedup != Dedup::None));
   finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, out);
-  h.stats.combineBytesIntraNode = traffic.intraBytes;
-  h.stats.combineBytesInterNode = traffic.interBytes;
   return fuscoSuccess;
 }
 
@@ -291,14 +286,15 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
     checkDevicePtr(comm, out, "fuscoMoeCombine", "out", &a);
     // Only a validated value is used as the enum (any int is legal from C).
     const fuscoDataType_t type = a.status == fuscoSuccess ? static_cast<fuscoDataType_t>(dt) : fuscoFloat32;
-    if (!isCudaComm(comm)) return combine(h, expertOut, type, hidden, topkWeights, out, a);
+    // What this rank puts on each path: the routing weights (RANK), then one row per row received.
     Traffic traffic;
-    const size_t rowOut = hidden * (type == fuscoFloat32 ? 4 : 2);
+    const size_t rowOut = hidden * dataTypeSize(type);
     for (int p = 0; p < comm->impl->nranks(); ++p) {
       if (h.dedup != Dedup::None) traffic.add(*comm->impl, p, 0, h.weightIdx[p].size() * sizeof(float));
       traffic.add(*comm->impl, p, h.recv.rowsFrom(p), h.recv.rowsFrom(p) * rowOut);
     }
-    FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream));
+    if (isCudaComm(comm)) FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream));
+    else FUSCO_CHECK(combine(h, expertOut, type, hidden, topkWeights, out, a));
     h.stats.combineBytesIntraNode = traffic.intraBytes;
     h.stats.combineBytesInterNode = traffic.interBytes;
     return fuscoSuccess;

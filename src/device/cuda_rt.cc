@@ -37,6 +37,7 @@ Fn driverFn(const char* name) {
   return reinterpret_cast<Fn>(f);
 }
 
+using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -93,6 +94,18 @@ fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value) {
   CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value, CU_STREAM_WAIT_VALUE_GEQ);
   if (r != CUDA_SUCCESS)
     return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 failed (CUresult %d)", static_cast<int>(r));
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes) {
+  static RangeFn fn = driverFn<RangeFn>("cuMemGetAddressRange");
+  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuMemGetAddressRange is unavailable");
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  if (fn(&b, &n, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
+    return FUSCO_FAIL(fuscoInvalidArgument, kEngine, "%p is not in a CUDA allocation", p);
+  *base = reinterpret_cast<void*>(b);
+  *bytes = n;
   return fuscoSuccess;
 }
 
@@ -175,6 +188,7 @@ bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamWriteFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }
 void cudaDeviceSyncQuiet() {}

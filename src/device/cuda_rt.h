@@ -27,6 +27,8 @@ bool cudaIsDevicePointer(const void* p);
 fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value);
 fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value);
 
+// The CUDA allocation holding p: its base and size (fuscoInvalidArgument if p is not in one).
+fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes);
 // Plain device memory (cudaMalloc / cudaFree).
 fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr);
 fuscoResult_t cudaFreeDevice(void* ptr);

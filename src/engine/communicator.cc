@@ -219,19 +219,31 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
 
 fuscoResult_t Communicator::useDevice() const { return device_ < 0 ? fuscoSuccess : cudaSetCurrent(device_); }
 
+// A transport exports whole CUDA allocations (what IPC shares), so it is given the allocation that
+// holds [ptr, ptr + bytes).
 fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
   if (device_ < 0) return fuscoSuccess;
-  if (!cudaIsDevicePointer(ptr))
+  FUSCO_CHECK(useDevice());
+  void* base = nullptr;
+  size_t size = 0;
+  if (!cudaIsDevicePointer(ptr) || cudaAllocationRange(ptr, &base, &size) != fuscoSuccess)
     return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: %p is not CUDA device memory", ptr);
+  if (static_cast<char*>(ptr) + bytes > static_cast<char*>(base) + size)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: [%p, +%zu) runs past its CUDA allocation", ptr,
+                      bytes);
   for (auto& t : transports_)
-    if (t.first->memRegister) FUSCO_CHECK(t.first->memRegister(t.second, ptr, bytes));
+    if (t.first->memRegister) FUSCO_CHECK(t.first->memRegister(t.second, base, size));
   return fuscoSuccess;
 }
 
 fuscoResult_t Communicator::memDeregister(void* ptr) {
   if (device_ < 0) return fuscoSuccess;
+  FUSCO_CHECK(useDevice());
+  void* base = nullptr;
+  size_t size = 0;
+  FUSCO_CHECK(cudaAllocationRange(ptr, &base, &size));
   for (auto& t : transports_)
-    if (t.first->memDeregister) FUSCO_CHECK(t.first->memDeregister(t.second, ptr));
+    if (t.first->memDeregister) FUSCO_CHECK(t.first->memDeregister(t.second, base));
   return fuscoSuccess;
 }
 
@@ -259,6 +271,7 @@ Communicator::~Communicator() {
 }
 
 fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
+  FUSCO_CHECK(useDevice());  // device memory of a CUDA comm lands on the comm's device
   for (auto& t : transports_)
     if (t.first->memAlloc) return t.first->memAlloc(t.second, bytes, ptr);
   if (device_ >= 0) {
@@ -299,9 +312,15 @@ bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t
 }
 
 void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
+  std::lock_guard<std::mutex> g(brokenMu_);
   fuscoResult_t expected = fuscoSuccess;
   if (broken_.compare_exchange_strong(expected, r)) brokenMsg_ = msg;
   for (auto& t : transports_) t.first->markAborted(t.second, brokenMsg_.c_str());
+}
+
+std::string Communicator::brokenMessage() const {
+  std::lock_guard<std::mutex> g(brokenMu_);
+  return brokenMsg_;
 }
 
 }  // namespace fusco

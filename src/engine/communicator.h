@@ -64,7 +64,8 @@ class Communicator {
   // Error state. A failure in the middle of moving data breaks the communicator (rings may hold
   // half an operation); every later call fails fast with the original message.
   fuscoResult_t brokenResult() const { return broken_.load(); }
-  const std::string& brokenMessage() const { return brokenMsg_; }
+  // A copy: the watch thread of a CUDA comm may break the comm while a call reads the message.
+  std::string brokenMessage() const;
   void markBroken(fuscoResult_t r, const std::string& msg);
   // fuscoCommAbort from any thread: blocked waits notice it and return.
   void requestAbort() { abortRequested_ = true; }
@@ -107,6 +108,7 @@ class Communicator {
   std::vector<std::pair<const TransportOps*, TransportComm*>> transports_;
   std::vector<uint64_t> pairSeq_;
   std::atomic<fuscoResult_t> broken_{fuscoSuccess};
+  mutable std::mutex brokenMu_;
   std::string brokenMsg_;
   std::atomic<bool> abortRequested_{false};
   std::map<void*, size_t> plainAllocs_;

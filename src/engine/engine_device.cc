@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/log.h"
-#include "core/params.h"
 #include "core/result.h"
 #include "device/cuda_rt.h"
 #include "device/device_ops.h"
@@ -57,29 +56,16 @@ fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opNam
 fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,
                            std::vector<PairHeader>* mine, DeviceOffers* offers) {
   const int n = c.nranks();
-  const bool direct = paramInt("FUSCO_SHM_DIRECT") != 0;
   offers->stagedAt.assign(n, {});
   size_t staged = 0;
   for (int p = 0; p < n; ++p) {
     if (p == c.rank() || !involved[p]) continue;
-    const auto& recvs = op.peers[p].recvs;
     PairHeader& h = (*mine)[p];
-    offers->stagedAt[p].assign(recvs.size(), -1);
-    for (size_t m = 0; m < recvs.size(); ++m) {
-      const RowStream& r = recvs[m];
-      const size_t extent = r.extentBytes();
-      uint64_t token = kStagedToken;
-      if (r.bytes() > 0 && direct && extent > 0 && (r.contiguous() || r.layoutShared) &&
-          c.regionToken(p, r.base, extent, &token)) {
-        h.recvTokens[m] = token;
-        h.recvExtents[m] = r.contiguous() ? extent : (extent | kLayoutSharedBit);
-        continue;
-      }
-      h.recvTokens[m] = kStagedToken;
-      h.recvExtents[m] = r.bytes();
-      if (r.bytes() == 0) continue;
+    offers->stagedAt[p].assign(h.recvBytes.size(), -1);
+    for (size_t m = 0; m < h.recvBytes.size(); ++m) {
+      if (h.recvTokens[m] != kStagedToken || h.recvBytes[m] == 0) continue;  // offered in place
       offers->stagedAt[p][m] = static_cast<int64_t>(staged);
-      staged += (r.bytes() + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+      staged += (h.recvBytes[m] + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
     }
   }
   if (staged == 0) return fuscoSuccess;
@@ -89,6 +75,7 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
       const int64_t at = offers->stagedAt[p][m];
       if (at < 0) continue;
       PairHeader& h = (*mine)[p];
+      h.recvExtents[m] = h.recvBytes[m];  // the sender writes the bytes contiguously
       if (!c.regionToken(p, offers->staging + at, h.recvBytes[m], &h.recvTokens[m]))
         return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: the staging area is not reachable by rank %d", op.name, p);
     }

@@ -21,8 +21,8 @@ struct DeviceOffers {
   char* staging = nullptr;
 };
 
-// Fills mine[p].recvTokens / recvExtents for every message this rank receives from a peer, and
-// reserves staging for those no peer can write in place.
+// For every message this rank receives that was not offered in place (mine[p].recvTokens, filled
+// like on a host comm), reserves staging in the comm's scratch and offers that instead.
 fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,
                            std::vector<PairHeader>* mine, DeviceOffers* offers);
 

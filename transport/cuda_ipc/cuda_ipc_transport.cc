@@ -9,13 +9,9 @@
 // registered with CUDA in every process that maps it, so streams read and write it directly.
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <map>
 #include <string>
@@ -24,6 +20,7 @@
 #include "core/blob.h"
 #include "core/log.h"
 #include "core/result.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 
 namespace fusco {
@@ -52,25 +49,23 @@ struct PageHeader {
 // One exported region. bytes == 0: free (never written) or released.
 struct DirEntry {
   cudaIpcMemHandle_t handle;
-  uint64_t bytes;
+  std::atomic<uint64_t> bytes;      // 0 once the owner released the region
   std::atomic<uint64_t> published;  // 1 once handle and bytes are written
 };
 
 struct Page {
-  int fd = -1;
-  uint8_t* base = nullptr;
-  size_t bytes = 0;
-  size_t flagsBytes = 0;
+  ShmMapping map;
   void* flagsDev = nullptr;  // device address of the flags (registered), nullptr if not
-  PageHeader* header() const { return reinterpret_cast<PageHeader*>(base); }
-  uint8_t* flags() const { return base + header()->flagsOffset; }
-  DirEntry* dir() const { return reinterpret_cast<DirEntry*>(base + header()->dirOffset); }
+  PageHeader* header() const { return reinterpret_cast<PageHeader*>(map.base); }
+  uint8_t* flags() const { return map.base + header()->flagsOffset; }
+  DirEntry* dir() const { return reinterpret_cast<DirEntry*>(map.base + header()->dirOffset); }
 };
 
 struct Region {
   uint32_t slot = 0;
   size_t bytes = 0;
   bool owned = false;  // allocated here (fuscoMemAlloc / scratch): freed on memFree
+  int registrations = 0;  // fuscoCommRegister calls not yet deregistered
 };
 
 struct IpcPeer {
@@ -110,20 +105,19 @@ size_t pageBytesFor(int nranks) {
 }
 
 void unmapPage(Page* p) {
-  if (p->flagsDev != nullptr) cudaHostUnregister(p->base + kPage);
-  if (p->base != nullptr) munmap(p->base, p->bytes);
-  if (p->fd >= 0) close(p->fd);
-  *p = Page();
+  if (p->flagsDev != nullptr) cudaHostUnregister(p->map.base + kPage);
+  shmUnmap(&p->map);
+  p->flagsDev = nullptr;
 }
 
 // Registers the flags of a mapped page with CUDA so streams can wait on them and write them.
 fuscoResult_t registerFlags(Page* p, int nranks) {
-  p->flagsBytes = flagsBytesFor(nranks);
-  IPC_CUDA(cudaHostRegister(p->base + kPage, p->flagsBytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  uint8_t* flags = p->map.base + kPage;
+  IPC_CUDA(cudaHostRegister(flags, flagsBytesFor(nranks), cudaHostRegisterMapped | cudaHostRegisterPortable));
   void* dev = nullptr;
-  cudaError_t e = cudaHostGetDevicePointer(&dev, p->base + kPage, 0);
+  cudaError_t e = cudaHostGetDevicePointer(&dev, flags, 0);
   if (e != cudaSuccess) {
-    cudaHostUnregister(p->base + kPage);
+    cudaHostUnregister(flags);
     return cudaFail(e, "cudaHostGetDevicePointer(completion flags)");
   }
   p->flagsDev = dev;
@@ -132,29 +126,14 @@ fuscoResult_t registerFlags(Page* p, int nranks) {
 
 fuscoResult_t createPage(int rank, int nranks, Page* out) {
   Page p;
-  p.bytes = pageBytesFor(nranks);
-  p.fd = memfd_create("fusco-ipc", MFD_CLOEXEC);
-  if (p.fd < 0) return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: memfd_create: %s", strerror(errno));
-  fchmod(p.fd, 0600);
-  if (ftruncate(p.fd, static_cast<off_t>(p.bytes)) != 0) {
-    int e = errno;
-    unmapPage(&p);
-    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: sizing the directory page: %s", strerror(e));
-  }
-  void* m = mmap(nullptr, p.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0);
-  if (m == MAP_FAILED) {
-    int e = errno;
-    unmapPage(&p);
-    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: mapping the directory page: %s", strerror(e));
-  }
-  p.base = static_cast<uint8_t*>(m);
+  FUSCO_CHECK(shmMemfdMap("fusco-ipc", pageBytesFor(nranks), &p.map));
   PageHeader* h = p.header();
   h->magic = kPageMagic;
   h->nranks = nranks;
   h->ownerRank = rank;
   h->flagsOffset = kPage;
   h->dirOffset = kPage + flagsBytesFor(nranks);
-  h->bytes = p.bytes;
+  h->bytes = p.map.bytes;
   fuscoResult_t r = registerFlags(&p, nranks);
   if (r != fuscoSuccess) {
     unmapPage(&p);
@@ -164,25 +143,12 @@ fuscoResult_t createPage(int rank, int nranks, Page* out) {
   return fuscoSuccess;
 }
 
-fuscoResult_t openPeerPage(int peer, int nranks, pid_t pid, int fd, uint64_t bytes, Page* out) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(pid), fd);
+fuscoResult_t openPeerPage(int peer, int nranks, int32_t pid, int32_t fd, uint64_t bytes, Page* out) {
+  if (bytes != pageBytesFor(nranks))
+    return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: rank %d published a %llu-byte directory page", peer,
+                      static_cast<unsigned long long>(bytes));
   Page p;
-  p.fd = open(path, O_RDWR | O_CLOEXEC);
-  if (p.fd < 0)
-    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cannot open the directory page of rank %d (%s): %s",
-                      peer, path, strerror(errno));
-  p.bytes = bytes;
-  void* m = bytes == pageBytesFor(nranks) ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0)
-                                          : MAP_FAILED;
-  if (m == MAP_FAILED) {
-    unmapPage(&p);
-    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cannot map the directory page of rank %d (%llu bytes)",
-                      peer, static_cast<unsigned long long>(bytes));
-  }
-  p.base = static_cast<uint8_t*>(m);
-  close(p.fd);
-  p.fd = -1;
+  FUSCO_CHECK(shmMapPeerFd(peer, pid, fd, bytes, &p.map));
   if (p.header()->magic != kPageMagic || p.header()->nranks != nranks || p.header()->ownerRank != peer) {
     unmapPage(&p);
     return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: the directory page of rank %d is not for this communicator", peer);
@@ -213,7 +179,7 @@ fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned) {
 
 // Peers close their mapping of a released slot before they open a newer one (ipcPeerPointer).
 void unexport(IpcComm* c, std::map<uintptr_t, Region>::iterator it) {
-  reinterpret_cast<std::atomic<uint64_t>*>(&c->own.dir()[it->second.slot].bytes)->store(0, std::memory_order_release);
+  c->own.dir()[it->second.slot].bytes.store(0, std::memory_order_release);
   c->regions.erase(it);
 }
 
@@ -249,7 +215,7 @@ fuscoResult_t ipcSetup(const TransportContext& ctx, const std::vector<int>& peer
     delete c;
     return r;
   }
-  struct { int32_t pid, fd; uint64_t bytes; } me = {static_cast<int32_t>(getpid()), c->own.fd, c->own.bytes};
+  struct { int32_t pid, fd; uint64_t bytes; } me = {static_cast<int32_t>(getpid()), c->own.map.fd, c->own.map.bytes};
   blob->clear();
   appendBlob(blob, shmBlob);
   appendBlob(blob, std::string(reinterpret_cast<const char*>(&me), sizeof(me)));
@@ -324,46 +290,27 @@ fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
   return fuscoSuccess;
 }
 
-// The base and size of the CUDA allocation holding ptr (driver API through the runtime's entry
-// point, so the library never links libcuda itself).
-fuscoResult_t allocationRange(const void* ptr, void** base, size_t* bytes) {
-  using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static RangeFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<RangeFn>(f);
-  }();
-  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc, "cuda_ipc: cuMemGetAddressRange is unavailable");
-  CUdeviceptr b = 0;
-  size_t n = 0;
-  if (fn(&b, &n, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
-    return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: %p is not CUDA device memory", ptr);
-  *base = reinterpret_cast<void*>(b);
-  *bytes = n;
+// base is the start of a CUDA allocation (the communicator resolves it). A fuscoMemAlloc region is
+// exported already; a caller's allocation is exported on its first registration and released
+// with its last.
+fuscoResult_t ipcMemRegister(TransportComm* tc, void* base, size_t bytes) {
+  IpcComm* c = asIpc(tc);
+  auto it = c->regions.find(reinterpret_cast<uintptr_t>(base));
+  if (it != c->regions.end()) {
+    ++it->second.registrations;
+    return fuscoSuccess;
+  }
+  FUSCO_CHECK(exportRegion(c, base, bytes, false));
+  c->regions[reinterpret_cast<uintptr_t>(base)].registrations = 1;
   return fuscoSuccess;
 }
 
-fuscoResult_t ipcMemRegister(TransportComm* tc, void* ptr, size_t bytes) {
+fuscoResult_t ipcMemDeregister(TransportComm* tc, void* base) {
   IpcComm* c = asIpc(tc);
-  void* base;
-  size_t size;
-  FUSCO_CHECK(allocationRange(ptr, &base, &size));
-  if (static_cast<char*>(ptr) + bytes > static_cast<char*>(base) + size)
-    return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: [%p, +%zu) runs past its CUDA allocation", ptr, bytes);
-  if (c->regions.count(reinterpret_cast<uintptr_t>(base))) return fuscoSuccess;  // exported already
-  return exportRegion(c, base, size, false);
-}
-
-fuscoResult_t ipcMemDeregister(TransportComm* tc, void* ptr) {
-  IpcComm* c = asIpc(tc);
-  void* base;
-  size_t size;
-  FUSCO_CHECK(allocationRange(ptr, &base, &size));
   auto it = c->regions.find(reinterpret_cast<uintptr_t>(base));
-  if (it != c->regions.end() && !it->second.owned) unexport(c, it);
+  if (it == c->regions.end() || it->second.registrations == 0)
+    return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc: %p is not a registered allocation", base);
+  if (--it->second.registrations == 0 && !it->second.owned) unexport(c, it);
   return fuscoSuccess;
 }
 

@@ -94,34 +94,37 @@ void writeHeader(const ShmLayout& l, int rank, uint64_t commTag, const std::vect
 
 }  // namespace
 
-fuscoResult_t shmCreateSegment(const ShmLayout& l, int rank, uint64_t commTag,
-                               const std::vector<int>& senders, ShmMapping* out) {
-  int fd = memfd_create("fusco-shm", MFD_CLOEXEC);
+fuscoResult_t shmMemfdMap(const char* name, size_t bytes, ShmMapping* out) {
+  int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return FUSCO_FAIL(fuscoSystemError, kShm, "memfd_create failed: %s", strerror(errno));
   // Owner-only: peers of the same user reach it through /proc/<pid>/fd, nobody else can.
   int rc;
   do rc = fchmod(fd, 0600);
   while (rc == -1 && errno == EINTR);
   if (rc == 0) {
-    do rc = ftruncate(fd, static_cast<off_t>(l.segBytes));
+    do rc = ftruncate(fd, static_cast<off_t>(bytes));
     while (rc == -1 && errno == EINTR);
   }
   if (rc != 0) {
     int e = errno;
     closeRetry(fd);
-    return FUSCO_FAIL(fuscoSystemError, kShm, "sizing shared segment to %llu bytes failed: %s",
-                      (unsigned long long)l.segBytes, strerror(e));
+    return FUSCO_FAIL(fuscoSystemError, kShm, "sizing shared segment to %zu bytes failed: %s", bytes, strerror(e));
   }
-  void* p = mmap(nullptr, l.segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int e = errno;
     closeRetry(fd);
-    return FUSCO_FAIL(fuscoSystemError, kShm, "mmap of own %llu-byte shared segment failed: %s",
-                      (unsigned long long)l.segBytes, strerror(e));
+    return FUSCO_FAIL(fuscoSystemError, kShm, "mmap of own %zu-byte shared segment failed: %s", bytes, strerror(e));
   }
   out->fd = fd;
   out->base = static_cast<uint8_t*>(p);
-  out->bytes = l.segBytes;
+  out->bytes = bytes;
+  return fuscoSuccess;
+}
+
+fuscoResult_t shmCreateSegment(const ShmLayout& l, int rank, uint64_t commTag,
+                               const std::vector<int>& senders, ShmMapping* out) {
+  FUSCO_CHECK(shmMemfdMap("fusco-shm", l.segBytes, out));
   writeHeader(l, rank, commTag, senders, out);
   return fuscoSuccess;
 }
@@ -150,33 +153,38 @@ fuscoResult_t checkPeerHeader(int rank, const ShmBlob& b, const ShmMapping& m) {
 
 }  // namespace
 
-fuscoResult_t shmOpenPeerSegment(int rank, const ShmBlob& b, ShmMapping* out) {
+fuscoResult_t shmMapPeerFd(int rank, int32_t pid, int32_t fd, uint64_t bytes, ShmMapping* out) {
   char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/fd/%d", b.pid, b.fd);
-  int fd;
-  do fd = open(path, O_RDWR | O_CLOEXEC);
-  while (fd == -1 && errno == EINTR);
-  if (fd < 0)
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+  int f;
+  do f = open(path, O_RDWR | O_CLOEXEC);
+  while (f == -1 && errno == EINTR);
+  if (f < 0)
     return FUSCO_FAIL(fuscoSystemError, kShm, "cannot open shared segment of rank %d (%s): %s",
                       rank, path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < b.segBytes ||
-      b.segBytes < kShmPage) {
+  if (fstat(f, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes || bytes < kShmPage) {
     int e = errno;
-    closeRetry(fd);
+    closeRetry(f);
     return FUSCO_FAIL(fuscoSystemError, kShm,
                       "shared segment of rank %d (%s) is not the published %llu bytes: %s", rank,
-                      path, (unsigned long long)b.segBytes, strerror(e));
+                      path, (unsigned long long)bytes, strerror(e));
   }
-  void* p = mmap(nullptr, b.segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
   int e = errno;
-  closeRetry(fd);  // the mapping keeps the memory alive
+  closeRetry(f);  // the mapping keeps the memory alive
   if (p == MAP_FAILED)
     return FUSCO_FAIL(fuscoSystemError, kShm, "mmap of shared segment of rank %d (%s) failed: %s",
                       rank, path, strerror(e));
+  out->fd = -1;
+  out->base = static_cast<uint8_t*>(p);
+  out->bytes = bytes;
+  return fuscoSuccess;
+}
+
+fuscoResult_t shmOpenPeerSegment(int rank, const ShmBlob& b, ShmMapping* out) {
   ShmMapping m;
-  m.base = static_cast<uint8_t*>(p);
-  m.bytes = b.segBytes;
+  FUSCO_CHECK(shmMapPeerFd(rank, b.pid, b.fd, b.segBytes, &m));
   fuscoResult_t r = checkPeerHeader(rank, b, m);
   if (r != fuscoSuccess) {
     shmUnmap(&m);

@@ -131,6 +131,12 @@ fuscoResult_t shmCreateSegment(const ShmLayout& layout, int rank, uint64_t commT
 // The fd is closed once mapped (the mapping keeps the memory alive).
 fuscoResult_t shmOpenPeerSegment(int rank, const ShmBlob& blob, ShmMapping* out);
 
+// The two halves of the above for any memfd-backed memory shared between local ranks: create and
+// map `bytes` of this rank's memfd (owner-only), and map a peer's memfd through
+// /proc/<pid>/fd/<fd>, checking that it holds `bytes` (the fd is closed once mapped).
+fuscoResult_t shmMemfdMap(const char* name, size_t bytes, ShmMapping* out);
+fuscoResult_t shmMapPeerFd(int rank, int32_t pid, int32_t fd, uint64_t bytes, ShmMapping* out);
+
 // Unmaps and closes; safe on an empty mapping.
 void shmUnmap(ShmMapping* m);
 
