@@ -39,17 +39,48 @@ const char* const kContenderNames[kNumContenders] = {"fusco", "unfused", "mpi", 
 const char* const kDedupNames[4] = {"auto", "none", "rank", "node"};
 const char* const kBalanceNames[4] = {"auto", "none", "static", "greedy"};
 
+std::string g_noMpiReason = "built without MPI";
+
 const char* dtypeName(fuscoDataType_t dt) {
   return dt == fuscoFloat32 ? "fp32" : dt == fuscoFloat16 ? "fp16" : "bf16";
 }
 
-fuscoMoeConfig_t moeConfig(const MoeOptions& o) {
+fuscoMoeConfig_t moeConfig(const MoeOptions& o, const MoeVariant& v) {
   fuscoMoeConfig_t cfg = FUSCO_MOE_CONFIG_INITIALIZER;
   cfg.numExperts = o.experts;
-  cfg.dedup = o.dedup;
-  cfg.balance = o.balance;
+  cfg.dedup = v.dedup;
+  cfg.balance = v.balance;
   cfg.expertAlignment = 0;  // so recvX has exactly the unfused pipeline's sorted layout
   return cfg;
+}
+
+fuscoMoeConfig_t moeConfig(const MoeOptions& o) {
+  MoeVariant v;
+  v.dedup = o.dedup, v.balance = o.balance;
+  return moeConfig(o, v);
+}
+
+std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups, const std::vector<int>& balances) {
+  std::vector<MoeVariant> out;
+  auto add = [&out](int d, int b, bool applies) {
+    for (const MoeVariant& v : out)
+      if (v.dedup == d && (v.balance == b || !applies)) return;
+    MoeVariant v;
+    v.dedup = d, v.balance = b, v.balanceApplies = applies;
+    out.push_back(v);
+  };
+  for (int d : dedups) {
+    if (d == FUSCO_DEDUP_NONE || d == FUSCO_DEDUP_RANK) add(d, balances.front(), false);
+    else for (int b : balances) add(d, b, true);
+  }
+  return out;
+}
+
+std::string variantName(const MoeVariant& v, bool single) {
+  if (single) return "fusco";
+  std::string n = std::string("fusco[") + kDedupNames[v.dedup];
+  if (v.balanceApplies) n += std::string("/") + kBalanceNames[v.balance];
+  return n + "]";
 }
 
 double dtypeEps(fuscoDataType_t dt) {
@@ -64,7 +95,6 @@ namespace {
 using fusco::perf::Launch;
 using namespace fusco::perf;
 
-std::string g_noMpiReason = "built without MPI";  // why the mpi contender cannot run
 
 void usage(const char* prog) {
   printf(
@@ -74,12 +104,15 @@ void usage(const char* prog) {
       "  --tokens N          tokens per rank (4096)\n"
       "  --topk K            experts per token (8)\n"
       "  --experts E         experts in all, contiguous blocks of E/nranks per rank (256)\n"
-      "  --pattern P         uniform | single-node | imbalanced | zipf (uniform; see moe_routing.h)\n"
+      "  --pattern P         uniform | single-node | imbalanced | imbalanced-rails | zipf\n"
+      "                      (uniform; see moe_routing.h)\n"
       "  --seed S            routing, weights and rows seed (1)\n"
       "  -n N / -w N         timed / warmup iterations (5 / 1)\n"
       "  -c 0|1              check every contender's dispatch bytes and combine (1)\n"
-      "  --dedup D           auto | none | rank | node (auto)\n"
-      "  --balance B         auto | none | static | greedy (auto)\n"
+      "  --dedup D[,D...]    auto | none | rank | node (auto); a list runs one fusco contender\n"
+      "                      per (dedup, balance) pair, interleaved, named fusco[node/greedy],\n"
+      "                      and prints the ratios between them (none / rank ignore --balance)\n"
+      "  --balance B[,B...]  auto | none | static | greedy (auto)\n"
       "  --fuse on|off       off: the fusco contender runs the unfused pipeline (on)\n"
       "  --replan on|off     plan every iteration, as routing changes every step (on); off:\n"
       "                      plan once, reuse the handle and the pipelines' permutation\n"
@@ -121,6 +154,22 @@ bool parseName(const char* v, const char* const* names, int n, int* out) {
   return false;
 }
 
+// A comma list of names (at least one, none empty).
+bool parseNameList(const char* v, const char* const* names, int n, std::vector<int>* out) {
+  out->clear();
+  std::string list = v;
+  size_t b = 0;
+  while (b <= list.size()) {
+    size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    int i = 0;
+    if (!parseName(list.substr(b, e - b).c_str(), names, n, &i)) return false;
+    out->push_back(i);
+    b = e + 1;
+  }
+  return !out->empty();
+}
+
 // One option with its value; false on a bad value or an unknown option (*known = false).
 bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known) {
   *known = true;
@@ -138,8 +187,8 @@ bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known
   if (a == "-np") return parseInt(v, &o->launch.np) && o->launch.np >= 1;
   if (a == "-J") return (o->jsonPath = v), true;
   if (a == "--pattern") return parsePattern(v, &o->pattern);
-  if (a == "--dedup") return parseName(v, kDedupNames, 4, &o->dedup);
-  if (a == "--balance") return parseName(v, kBalanceNames, 4, &o->balance);
+  if (a == "--dedup") return parseNameList(v, kDedupNames, 4, &o->dedups);
+  if (a == "--balance") return parseNameList(v, kBalanceNames, 4, &o->balances);
   if (a == "--contenders") return parseContenders(v, o->contenders);
   static const char* const kOffOn[] = {"off", "on"};
   static const char* const kOffAuto[] = {"off", "auto"};
@@ -180,6 +229,13 @@ int parseArgs(int argc, char** argv, MoeOptions* o) {
     fprintf(stderr, "%s: --topk %d exceeds --experts %d\n", argv[0], o->topk, o->experts);
     return 2;
   }
+  o->variants = moeVariants(o->dedups, o->balances);
+  o->dedup = o->variants.front().dedup, o->balance = o->variants.front().balance;
+  if (o->variants.size() > 1 && !o->fuse) {
+    fprintf(stderr, "%s: --fuse off runs the unfused pipeline as the fusco contender: give one "
+            "--dedup and one --balance value\n", argv[0]);
+    return 2;
+  }
   return 0;
 }
 
@@ -202,7 +258,8 @@ namespace fusco {
 namespace perf {
 
 Bench::~Bench() {
-  if (handle_ != nullptr) fuscoMoeHandleDestroy(handle_);
+  for (fuscoMoeHandle_t h : handles_)
+    if (h != nullptr) fuscoMoeHandleDestroy(h);
   for (void* p : owned_) {
     if (o_.arena) fuscoMemFree(comm_, p);
     else free(p);
@@ -252,6 +309,7 @@ bool Bench::barrier() {
 
 // Comm, node map, routing, weights, token rows, the pipelines; then the buffers.
 bool Bench::setup() {
+  handles_.assign(o_.variants.size(), nullptr);
   if (!ok(fuscoCommInitRank(&comm_, l_.nranks, l_.id, l_.rank), "fuscoCommInitRank")) return false;
   int localRank = 0, localSize = 1;
   if (!ok(fuscoCommNodeInfo(comm_, &node_, &numNodes_, &localRank, &localSize), "NodeInfo"))
@@ -283,6 +341,10 @@ bool Bench::setup() {
 #endif
   for (int c = 0; c < kNumContenders; ++c) active_[c] = o_.contenders[c];
   if (active_[kMpi] && !mpi_) active_[kMpi] = false;
+  const bool single = o_.variants.size() == 1;
+  for (size_t v = 0; v < o_.variants.size(); ++v)
+    rows_.push_back(Row{kFusco, static_cast<int>(v), variantName(o_.variants[v], single)});
+  for (int c = kUnfused; c < kNumContenders; ++c) rows_.push_back(Row{c, -1, kContenderNames[c]});
   return allocate();
 }
 
@@ -291,11 +353,22 @@ bool Bench::setup() {
 // out (tokens rows). Every contender reuses them.
 bool Bench::allocate() {
   if (gpu_) return allocateCuda();
-  fuscoMoeConfig_t cfg = moeConfig(o_);
-  if (!ok(fuscoMoePlan(&handle_, comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
-          "fuscoMoePlan") ||
-      !ok(fuscoMoeGetRecvCounts(handle_, &recvRows_, nullptr), "fuscoMoeGetRecvCounts") ||
-      !pipeOk(unfused_->plan(topkIdx_.data()), "unfused plan", *unfused_) ||
+  // One handle per variant, each kept for --replan off; every variant must receive the same rows.
+  for (size_t v = 0; v < o_.variants.size(); ++v) {
+    fuscoMoeConfig_t cfg = moeConfig(o_, o_.variants[v]);
+    size_t rows = 0;
+    if (!ok(fuscoMoePlan(&handles_[v], comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
+            "fuscoMoePlan") ||
+        !ok(fuscoMoeGetRecvCounts(handles_[v], &rows, nullptr), "fuscoMoeGetRecvCounts"))
+      return false;
+    if (v == 0) recvRows_ = rows;
+    if (rows != recvRows_) {
+      fprintf(stderr, "# rank %d: %s receives %zu rows, %s %zu\n", l_.rank, rows_[v].name.c_str(),
+              rows, rows_[0].name.c_str(), recvRows_);
+      return false;
+    }
+  }
+  if (!pipeOk(unfused_->plan(topkIdx_.data()), "unfused plan", *unfused_) ||
       (mpi_ && !pipeOk(mpi_->plan(topkIdx_.data()), "mpi plan", *mpi_)))
     return false;
   bufRows_ = std::max(unfused_->sendRows(), unfused_->recvRows());
@@ -313,10 +386,11 @@ bool Bench::allocate() {
   return true;
 }
 
-bool Bench::runContender(int c, double* t, int64_t* wrong) {
-  if (gpu_) return runCuda(c, t, wrong);
-  switch (c) {
-    case kFusco: return o_.fuse ? runFusco(t, wrong) : runPipeline(*unfused_, t, wrong);
+bool Bench::runContender(int row, double* t, int64_t* wrong) {
+  const Row& r = rows_[row];
+  if (gpu_) return runCuda(r.kind, t, wrong);
+  switch (r.kind) {
+    case kFusco: return o_.fuse ? runFusco(r.variant, t, wrong) : runPipeline(*unfused_, t, wrong);
     case kUnfused: return runPipeline(*unfused_, t, wrong);
     case kMpi: return runPipeline(*mpi_, t, wrong);
     default: return runLimit(t);
@@ -324,28 +398,35 @@ bool Bench::runContender(int c, double* t, int64_t* wrong) {
 }
 
 // Each phase starts right after a barrier and is timed on its own (the barrier is not in it).
-bool Bench::runFusco(double* t, int64_t* wrong) {
+// Variant v's own handle; every variant writes recvX. A checked run of a variant after the first
+// compares its recvX with the first variant's (checkRef_) byte for byte.
+bool Bench::runFusco(int v, double* t, int64_t* wrong) {
   const bool plan = o_.replan || wrong != nullptr;
-  if (plan && handle_ != nullptr) fuscoMoeHandleDestroy(handle_), handle_ = nullptr;
-  fuscoMoeConfig_t cfg = moeConfig(o_);
+  fuscoMoeHandle_t& handle = handles_[v];
+  if (plan && handle != nullptr) fuscoMoeHandleDestroy(handle), handle = nullptr;
+  fuscoMoeConfig_t cfg = moeConfig(o_, o_.variants[v]);
   if (wrong != nullptr) memset(recvX_, 0xA5, recvRows_ * rowBytes_);
   if (!barrier()) return false;
   double t0 = nowMs();
-  if (plan && !ok(fuscoMoePlan(&handle_, comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
+  if (plan && !ok(fuscoMoePlan(&handle, comm_, &cfg, topkIdx_.data(), o_.tokens, o_.topk, nullptr),
                   "fuscoMoePlan"))
     return false;
   t[0] = nowMs() - t0;
   if (!barrier()) return false;
   t0 = nowMs();
-  if (!ok(fuscoMoeDispatch(handle_, x_, rowBytes_, recvX_, nullptr), "fuscoMoeDispatch")) return false;
+  if (!ok(fuscoMoeDispatch(handle, x_, rowBytes_, recvX_, nullptr), "fuscoMoeDispatch")) return false;
   t[1] = nowMs() - t0;
   if (!barrier()) return false;
   t0 = nowMs();
-  if (!ok(fuscoMoeCombine(handle_, recvX_, o_.dtype, o_.hidden, weights_.data(), out_, nullptr),
+  if (!ok(fuscoMoeCombine(handle, recvX_, o_.dtype, o_.hidden, weights_.data(), out_, nullptr),
           "fuscoMoeCombine"))
     return false;
   t[2] = nowMs() - t0;
-  if (wrong != nullptr) *wrong = checkCombine();
+  if (wrong == nullptr) return true;
+  int64_t bad = 0;
+  if (o_.variants.size() > 1 && v == 0) checkRef_.assign(recvX_, recvX_ + recvRows_ * rowBytes_);
+  else if (v > 0) bad = compareDispatch(recvX_, recvRows_, checkRef_.data());
+  *wrong = bad + checkCombine();
   return true;
 }
 
@@ -361,7 +442,10 @@ bool Bench::runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong) {
   t0 = nowMs();
   if (!pipeOk(p.dispatch(x_, rowBytes_, p_, q_, p_), "pipeline dispatch", p)) return false;
   t[1] = nowMs() - t0;
-  int64_t bad = wrong != nullptr ? compareDispatch(p_, p.recvRows()) : 0;  // untimed
+  // untimed; with fusco variants, against the first variant's output
+  int64_t bad = wrong != nullptr
+                    ? compareDispatch(p_, p.recvRows(), checkRef_.empty() ? nullptr : checkRef_.data())
+                    : 0;
   if (!barrier()) return false;
   t0 = nowMs();
   if (!pipeOk(p.combine(p_, o_.dtype, o_.hidden, weights_.data(), q_, p_, out_),
@@ -387,14 +471,15 @@ bool Bench::runLimit(double* t) {
 }
 // Rows of got that differ from fusco's recvX (same expert-major layout); a count mismatch makes
 // every row wrong.
-int64_t Bench::compareDispatch(const char* got, size_t rows) const {
+int64_t Bench::compareDispatch(const char* got, size_t rows, const char* ref) const {
+  if (ref == nullptr) ref = recvX_;
   if (rows != recvRows_) {
     fprintf(stderr, "# rank %d: pipeline receives %zu rows, fusco %zu\n", l_.rank, rows, recvRows_);
     return static_cast<int64_t>(std::max(rows, recvRows_));
   }
   int64_t wrong = 0;
   for (size_t i = 0; i < rows; ++i) {
-    if (memcmp(got + i * rowBytes_, recvX_ + i * rowBytes_, rowBytes_) == 0) continue;
+    if (memcmp(got + i * rowBytes_, ref + i * rowBytes_, rowBytes_) == 0) continue;
     if (wrong++ < 3) fprintf(stderr, "# rank %d: dispatch row %zu differs\n", l_.rank, i);
   }
   return wrong;
@@ -424,14 +509,17 @@ int64_t Bench::checkCombine() const {
 }
 
 // Payload bytes this rank put on intra- and inter-node paths (both directions, self excluded).
-bool Bench::trafficOf(int c, int64_t* intra, int64_t* inter) {
+// Fusco rows: what this rank sent (fuscoMoeGetStats of the variant's handle).
+bool Bench::trafficOf(int row, int64_t* intra, int64_t* inter) {
   *intra = *inter = 0;
+  const int c = rows_[row].kind;
   if (c == kLimit) return true;
   if (c == kFusco && o_.fuse) {
     fuscoMoeStats_t st;
     memset(&st, 0, sizeof(st));
     st.size = sizeof(st);
-    if (!ok(fuscoMoeGetStats(handle_, &st), "fuscoMoeGetStats")) return false;
+    if (!ok(fuscoMoeGetStats(handles_[std::max(rows_[row].variant, 0)], &st), "fuscoMoeGetStats"))
+      return false;
     *intra = st.dispatchBytesIntraNode + st.combineBytesIntraNode;
     *inter = st.dispatchBytesInterNode + st.combineBytesInterNode;
     return true;
@@ -458,26 +546,31 @@ int Bench::run() {
       !allToAllSame(&jsonFailed, jf.data(), 1, fuscoInt64) || jf[0] != 0)
     return 1;
   if (l_.rank == 0) printHeader(rows);
-  // Interleaved: fusco, unfused, mpi, limit, fusco, ... so machine noise hits all alike.
-  std::vector<double> times(kNumContenders * o_.iters * 3, 0.0);
+  // Interleaved: fusco (each variant), unfused, mpi, limit, fusco, ... so machine noise hits all
+  // alike.
+  const int R = static_cast<int>(rows_.size());
+  std::vector<double> times(R * o_.iters * 3, 0.0);
   for (int it = 0; it < o_.warmup + o_.iters; ++it) {
-    for (int c = 0; c < kNumContenders; ++c) {
+    for (int c = 0; c < R; ++c) {
       double t[3] = {0, 0, 0};
-      if (active_[c] && !runContender(c, t, nullptr)) return 1;
+      if (active_[rows_[c].kind] && !runContender(c, t, nullptr)) return 1;
       if (it >= o_.warmup)
         for (int ph = 0; ph < 3; ++ph) times[(c * o_.iters + it - o_.warmup) * 3 + ph] = t[ph];
     }
   }
-  std::vector<int64_t> wrong(kNumContenders, 0);
+  std::vector<int64_t> wrong(R, 0);
   if (o_.check) {
-    // recvX must hold the fused dispatch output that the pipelines are compared with.
+    // recvX must hold the fused dispatch output that the pipelines are compared with: the checked
+    // run of the first fusco variant writes it, else (--fuse off, or fusco not a contender) one
+    // untimed dispatch of the first variant's handle.
     if (gpu_ ? !cudaReference()
-             : !o_.fuse &&
-                   !ok(fuscoMoeDispatch(handle_, x_, rowBytes_, recvX_, nullptr), "dispatch"))
+             : (!o_.fuse || !active_[kFusco]) &&
+                   !ok(fuscoMoeDispatch(handles_[0], x_, rowBytes_, recvX_, nullptr), "dispatch"))
       return 1;
-    for (int c : {kFusco, kUnfused, kMpi}) {
+    for (int c = 0; c < R; ++c) {  // fusco variants first: the first one's recvX is the reference
       double t[3];
-      if (active_[c] && !runContender(c, t, &wrong[c])) return 1;
+      if (rows_[c].kind != kLimit && active_[rows_[c].kind] && !runContender(c, t, &wrong[c]))
+        return 1;
     }
   }
   std::vector<Result> res;
@@ -492,7 +585,7 @@ int Bench::run() {
 // is the slowest rank's, the figure the median over iterations.
 bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
                       std::vector<Result>* res) {
-  const int n = l_.nranks, C = kNumContenders;
+  const int n = l_.nranks, C = static_cast<int>(rows_.size());
   std::vector<double> all(mine.size() * n);
   if (!allToAllSame(mine.data(), all.data(), mine.size(), fuscoFloat64)) return false;
   std::vector<int64_t> counts(3 * C), allCounts(3 * C * n);
@@ -504,7 +597,8 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
   res->assign(C, Result());
   for (int c = 0; c < C; ++c) {
     Result& r = (*res)[c];
-    r.ran = active_[c];
+    r.ran = active_[rows_[c].kind];
+    r.kind = rows_[c].kind, r.variant = rows_[c].variant, r.name = rows_[c].name;
     std::vector<double> ph[3], total;
     for (int it = 0; it < o_.iters; ++it) {
       double sum = 0;
@@ -522,123 +616,20 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
     for (int k = 0; k < n; ++k) {
       r.intra += allCounts[k * 3 * C + 3 * c];
       r.inter += allCounts[k * 3 * C + 3 * c + 1];
+      r.interMax = std::max(r.interMax, allCounts[k * 3 * C + 3 * c + 1]);
       r.wrong += allCounts[k * 3 * C + 3 * c + 2];
     }
   }
   if (!gpu_) return true;
-  std::vector<double> diffs(C * n);
-  if (!allToAllSame(maxDiff_, diffs.data(), C, fuscoFloat64)) return false;
+  const int K = kNumContenders;  // maxDiff_ is per contender kind
+  std::vector<double> diffs(K * n);
+  if (!allToAllSame(maxDiff_, diffs.data(), K, fuscoFloat64)) return false;
   for (int c = 0; c < C; ++c)
-    for (int k = 0; k < n; ++k) (*res)[c].maxDiff = std::max((*res)[c].maxDiff, diffs[k * C + c]);
+    for (int k = 0; k < n; ++k)
+      (*res)[c].maxDiff = std::max((*res)[c].maxDiff, diffs[k * K + rows_[c].kind]);
   return true;
 }
 
-void Bench::printHeader(const std::vector<int64_t>& rows) const {
-  int version = 0;
-  fuscoGetVersion(&version);
-  int64_t smin = INT64_MAX, smax = 0, rmin = INT64_MAX, rmax = 0;
-  for (int r = 0; r < l_.nranks; ++r) {
-    smin = std::min(smin, rows[2 * r]), smax = std::max(smax, rows[2 * r]);
-    rmin = std::min(rmin, rows[2 * r + 1]), rmax = std::max(rmax, rows[2 * r + 1]);
-  }
-  printf("# fusco %d.%d.%d moe_perf: %d ranks (%s, %s), %d node(s)\n", version / 10000,
-         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
-         numNodes_);
-  if (gpu_)
-    printf("# memory: cuda (device buffers, stream-ordered calls; each phase timed from a barrier "
-           "to cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d; a rank uses local rank "
-           "%% device count)\n", gpu_->cuda().gpuName.c_str(), gpu_->cuda().device,
-           gpu_->cuda().deviceCount);
-  printf("# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
-         "pattern %s seed %llu\n", o_.tokens, o_.hidden, dtypeName(o_.dtype), rowBytes_, o_.topk,
-         o_.experts, o_.experts / l_.nranks, patternName(o_.pattern),
-         static_cast<unsigned long long>(o_.seed));
-  printf("# fusco: dedup %s balance %s fuse %s replan %s expertAlignment 0; buffers (x, recvX, pipeline "
-         "buffers, out): %s\n", kDedupNames[o_.dedup], kBalanceNames[o_.balance],
-         o_.fuse ? "on" : "off (runs the unfused pipeline)",
-         o_.replan ? "every iteration" : "off (plan once, reuse)",
-         gpu_ ? bufferKindText(static_cast<BufferKind>(o_.arena))
-         : o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)" : "malloc (staged)");
-  printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
-         "..%" PRId64 "\n", smin, smax, rmin, rmax);
-  if (o_.contenders[kMpi] && !active_[kMpi])
-    printf("# mpi contender not run: %s\n", g_noMpiReason.c_str());
-  printf("# %d warmup + %d timed iterations, contenders interleaved; phase time = slowest rank, "
-         "median over iterations; total = plan + dispatch + combine (min in brackets)\n",
-         o_.warmup, o_.iters);
-  if (gpu_)
-    printf("# limit = device-to-device cudaMemcpyAsync of the rows each rank sends in dispatch, "
-           "then in combine; unfused = permute / sort-chunks / un-permute CUDA kernels around "
-           "fuscoAllToAllv\n");
-  else
-    printf("# limit = memcpy of the rows each rank sends in dispatch, then in combine\n");
-  fflush(stdout);
-}
-
-void Bench::printTable(const std::vector<Result>& res) const {
-  const double logical = 2.0 * o_.tokens * o_.topk * rowBytes_;  // per rank, both directions
-  const bool diffs = gpu_ && o_.check;  // --mem cuda: each pipeline's out vs fusco's out
-  printf("#%-9s %9s %11s %10s %19s %9s %10s %10s %8s %8s %7s\n", "contender", "plan ms",
-         "dispatch ms", "combine ms", "total ms (min)", "log GB/s", "intra MB", "inter MB",
-         "vs unf", "vs mpi", "#wrong");
-  for (int c = 0; c < kNumContenders; ++c) {
-    const Result& r = res[c];
-    if (!r.ran) continue;
-    char vs[2][16];
-    for (int b = 0; b < 2; ++b) {
-      const Result& base = res[b == 0 ? kUnfused : kMpi];
-      if (base.ran && r.total > 0) snprintf(vs[b], sizeof(vs[b]), "%.2fx", base.total / r.total);
-      else snprintf(vs[b], sizeof(vs[b]), "-");
-    }
-    char tot[32];
-    snprintf(tot, sizeof(tot), "%.1f (%.1f)", r.total, r.totalMin);
-    const double gbs = r.total > 0 ? logical / r.total / 1e6 : 0;
-    printf(" %-9s %9.2f %11.2f %10.2f %19s %9.2f %10.1f %10.1f %8s %8s %7s\n",
-           kContenderNames[c], r.plan, r.dispatch, r.combine, tot, gbs, r.intra / 1e6,
-           r.inter / 1e6, vs[0], vs[1], o_.check && c != kLimit ? std::to_string(r.wrong).c_str() : "N/A");
-    if (json_ != nullptr)
-      fprintf(json_, "{\"bench\":\"moe_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
-              "\"tokens\":%zu,\"hidden\":%zu,\"dtype\":\"%s\",\"topk\":%d,\"experts\":%d,"
-              "\"pattern\":\"%s\",\"dedup\":\"%s\",\"fuse\":%d,\"replan\":%d,\"arena\":%d,\"iters\":%d,"
-              "\"contender\":\"%s\",\"plan_ms\":%.3f,\"dispatch_ms\":%.3f,\"combine_ms\":%.3f,"
-              "\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,\"intra_bytes\":%lld,"
-              "\"inter_bytes\":%lld,\"checked\":%d,\"wrong\":%lld%s}\n",
-              static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens,
-              o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.pattern),
-              kDedupNames[o_.dedup], o_.fuse, o_.replan, o_.arena, o_.iters, kContenderNames[c], r.plan,
-              r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
-              static_cast<long long>(r.inter), o_.check, static_cast<long long>(r.wrong),
-              cudaJson(r, diffs && c != kLimit && (c != kFusco || !o_.fuse)).c_str());
-  }
-  const Result& f = res[kFusco];
-  for (int b : {kMpi, kUnfused}) {
-    const Result& base = res[b];
-    if (!f.ran || !base.ran || f.total <= 0) continue;
-    printf("# fusco vs %s: %.2fx (plan + dispatch + combine; dispatch + combine alone: %.2fx)\n",
-           kContenderNames[b], base.total / f.total,
-           (base.dispatch + base.combine) / (f.dispatch + f.combine));
-  }
-  if (f.ran && res[kLimit].ran && f.dispatch > 0 && !gpu_)
-    printf("# fused dispatch vs memcpy limit: %.2f (combine: %.2f)\n",
-           res[kLimit].dispatch / f.dispatch, res[kLimit].combine / f.combine);
-  if (f.ran && res[kLimit].ran && f.dispatch > 0 && gpu_)
-    printf("# fused dispatch vs device copy of the same bytes: %.2f of copy bandwidth (copy ms / "
-           "dispatch ms; target >= 0.8); combine: %.2f\n",
-           res[kLimit].dispatch / f.dispatch, res[kLimit].combine / f.combine);
-  for (int c : {kFusco, kUnfused}) {
-    if (!diffs || !res[c].ran || (c == kFusco && o_.fuse)) continue;
-    const char* who = c == kFusco ? "fusco (--fuse off: the unfused pipeline)" : kContenderNames[c];
-    printf("# %s out vs fusco's fused out: max abs diff %.3g (allowed: 8 %s roundings of the "
-           "value)\n", who, res[c].maxDiff, dtypeName(o_.dtype));
-  }
-  if (o_.check) {
-    int64_t bad = 0;
-    for (const Result& r : res) bad += r.wrong;
-    printf("# check: %s\n", bad == 0 ? "OK (dispatch bytes identical, combine within tolerance)"
-                                      : "FAILED");
-  }
-  fflush(stdout);
-}
 }  // namespace perf
 }  // namespace fusco
 
@@ -650,6 +641,12 @@ int main(int argc, char** argv) {
   if ((rc = resolveMemMode(argv[0], &o.mem)) != 0) return rc;
   if (o.arena == 2 && o.mem != MemMode::Cuda) {
     fprintf(stderr, "%s: -a 2 (cudaMalloc + fuscoCommRegister) needs --mem cuda\n", argv[0]);
+    return 2;
+  }
+  if (o.mem == MemMode::Cuda && o.variants.size() > 1) {
+    fprintf(stderr, "%s: --mem cuda runs one fusco variant: give one --dedup and one --balance "
+            "value (the --dedup/--balance lists, %zu variants here, run on host memory)\n",
+            argv[0], o.variants.size());
     return 2;
   }
   if (o.mem == MemMode::Cuda) g_noMpiReason = "host-only contender, skipped with --mem cuda";

@@ -21,9 +21,22 @@ namespace fusco {
 namespace perf {
 
 enum { kFusco = 0, kUnfused = 1, kMpi = 2, kLimit = 3, kNumContenders = 4 };
+extern std::string g_noMpiReason;  // why the mpi contender cannot run (for the report)
 extern const char* const kContenderNames[kNumContenders];
 extern const char* const kDedupNames[4];    // FUSCO_DEDUP_* order
 extern const char* const kBalanceNames[4];  // FUSCO_BALANCE_* order
+
+// One fusco contender: a (dedup, balance) pair. --dedup / --balance take comma lists and every
+// distinct pair runs as its own contender with its own handle (dedup none / rank ignore the
+// balance, so they run once each: balanceApplies false).
+struct MoeVariant {
+  int dedup = FUSCO_DEDUP_AUTO;      // the first variant's (CUDA path: the only one)
+  int balance = FUSCO_BALANCE_AUTO;
+  std::vector<int> dedups = {FUSCO_DEDUP_AUTO};        // --dedup list, as given
+  std::vector<int> balances = {FUSCO_BALANCE_AUTO};    // --balance list, as given
+  std::vector<MoeVariant> variants;  // distinct (dedup, balance) pairs, dedup-major (parseArgs)
+  bool balanceApplies = true;
+};
 
 struct MoeOptions {
   size_t hidden = 7168;
@@ -36,8 +49,11 @@ struct MoeOptions {
   int iters = 5;
   int warmup = 1;
   int check = 1;
-  int dedup = FUSCO_DEDUP_AUTO;
+  int dedup = FUSCO_DEDUP_AUTO;      // the first variant's (CUDA path: the only one)
   int balance = FUSCO_BALANCE_AUTO;
+  std::vector<int> dedups = {FUSCO_DEDUP_AUTO};        // --dedup list, as given
+  std::vector<int> balances = {FUSCO_BALANCE_AUTO};    // --balance list, as given
+  std::vector<MoeVariant> variants;  // distinct (dedup, balance) pairs, dedup-major (parseArgs)
   bool fuse = true;
   bool replan = true;  // off: plan once and reuse the handle / permutation (steady state)
   int arena = 1;       // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
@@ -51,14 +67,22 @@ struct MoeOptions {
 
 const char* dtypeName(fuscoDataType_t dt);
 fuscoMoeConfig_t moeConfig(const MoeOptions& o);
+fuscoMoeConfig_t moeConfig(const MoeOptions& o, const MoeVariant& v);
+// The distinct variants of dedups x balances (none / rank once each, with balances[0]).
+std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups, const std::vector<int>& balances);
+// "fusco" for a single variant, else "fusco[node/greedy]" ("fusco[none]" where balance is moot).
+std::string variantName(const MoeVariant& v, bool single);
 // Relative size of one rounding to dt.
 double dtypeEps(fuscoDataType_t dt);
 
-struct Result {  // rank 0's summary of one contender
+struct Result {  // rank 0's summary of one contender (one row of the table)
   bool ran = false;
+  int kind = kFusco, variant = -1;  // variant: index into MoeOptions::variants (fusco rows)
+  std::string name;
   double plan = 0, dispatch = 0, combine = 0, total = 0, totalMin = 0;
   double maxDiff = 0;  // --mem cuda: max |out - fusco's out| over ranks (checked pipelines)
   int64_t intra = 0, inter = 0, wrong = 0;
+  int64_t interMax = 0;  // the largest one rank's inter-node bytes sent (fusco rows: its stats)
 };
 
 class Bench {
@@ -86,22 +110,33 @@ class Bench {
   void* alloc(size_t bytes);
   bool barrier();
   bool allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt);
-  bool runContender(int c, double* t, int64_t* wrong);
-  bool runFusco(double* t, int64_t* wrong);
+  bool runContender(int row, double* t, int64_t* wrong);
+  bool runFusco(int v, double* t, int64_t* wrong);
   bool runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong);
   bool runLimit(double* t);
-  int64_t compareDispatch(const char* got, size_t rows) const;
+  // ref: the dispatch output compared with (nullptr: recvX_).
+  int64_t compareDispatch(const char* got, size_t rows, const char* ref = nullptr) const;
   int64_t checkCombine() const;
-  bool trafficOf(int c, int64_t* intra, int64_t* inter);
+  bool trafficOf(int row, int64_t* intra, int64_t* inter);
   bool summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
                  std::vector<Result>* res);
   void printHeader(const std::vector<int64_t>& rowsPerRank) const;
   void printTable(const std::vector<Result>& res) const;
+  void printVariantRatios(const std::vector<Result>& res) const;
+  std::string jsonLine(const Result& r, double gbs, bool diffs) const;
+
+  struct Row {  // one contender of the table: a fusco variant, or unfused / mpi / limit
+    int kind;
+    int variant;  // fusco: index into o_.variants; else -1
+    std::string name;
+  };
 
   const MoeOptions& o_;
   const Launch& l_;
   fuscoComm_t comm_ = nullptr;
-  fuscoMoeHandle_t handle_ = nullptr;
+  std::vector<fuscoMoeHandle_t> handles_;  // one per variant (CUDA path: one variant)
+  std::vector<Row> rows_;                  // fusco variants, then unfused, mpi, limit
+  std::vector<char> checkRef_;             // -c 1 with variants: the first variant's recvX
   int node_ = 0, numNodes_ = 1;
   std::vector<int> nodeOfRank_;
   std::vector<int64_t> topkIdx_;

@@ -51,8 +51,8 @@ bool Bench::allocateCuda() {
   fillRows(o_.dtype, o_.hidden, o_.tokens, o_.seed, l_.rank, x_);
   if (!agree(gpuOk(gpu_->upload(topkIdx_.data(), weights_.data(), x_), "device upload")))
     return false;
-  if (!gpuOk(gpu_->planOnce(unfused_.get(), &handle_), "first plans") ||
-      !ok(fuscoMoeGetRecvCounts(handle_, &recvRows_, nullptr), "fuscoMoeGetRecvCounts"))
+  if (!gpuOk(gpu_->planOnce(unfused_.get(), &handles_[0]), "first plans") ||
+      !ok(fuscoMoeGetRecvCounts(handles_[0], &recvRows_, nullptr), "fuscoMoeGetRecvCounts"))
     return false;
   bufRows_ = std::max(unfused_->sendRows(), unfused_->recvRows());
   const size_t expertRows = std::max(recvRows_, unfused_->recvRows());
@@ -74,7 +74,7 @@ bool Bench::runCuda(int c, double* t, int64_t* wrong) {
     return gpuOk(gpu_->runLimit(s, r, b, t), "limit (device copy)");
   }
   if (c == kFusco && o_.fuse)
-    return gpuOk(gpu_->runFusco(&handle_, plan, check, b, t), "fusco") &&
+    return gpuOk(gpu_->runFusco(&handles_[0], plan, check, b, t), "fusco") &&
            (!check || checkCudaFusco(wrong));
   return gpuOk(gpu_->runUnfused(plan, check, b, t), "unfused pipeline") &&
          (!check || checkCudaPipeline(c, wrong));
@@ -87,7 +87,7 @@ bool Bench::cudaReference() {
   double t[3];
   int64_t wrong = 0;
   const CudaMoe::Barrier b = [this] { return barrier(); };
-  return gpuOk(gpu_->runFusco(&handle_, true, true, b, t), "fusco (reference)") &&
+  return gpuOk(gpu_->runFusco(&handles_[0], true, true, b, t), "fusco (reference)") &&
          checkCudaFusco(&wrong);
 }
 

@@ -62,7 +62,8 @@ bool parsePattern(const char* name, Pattern* out) {
   } kNames[] = {{"uniform", Pattern::Uniform},
                 {"single-node", Pattern::SingleNode},
                 {"imbalanced", Pattern::Imbalanced},
-                {"zipf", Pattern::Zipf}};
+                {"zipf", Pattern::Zipf},
+                {"imbalanced-rails", Pattern::ImbalancedRails}};
   for (const auto& n : kNames) {
     if (strcmp(n.name, name) == 0) {
       *out = n.p;
@@ -78,6 +79,7 @@ const char* patternName(Pattern p) {
     case Pattern::SingleNode: return "single-node";
     case Pattern::Imbalanced: return "imbalanced";
     case Pattern::Zipf: return "zipf";
+    case Pattern::ImbalancedRails: return "imbalanced-rails";
   }
   return "?";
 }
@@ -91,7 +93,8 @@ void makeRouting(const RoutingShape& s, int rank, std::vector<int64_t>* topkIdx)
   // single-node: one sampler per node (nodes with too few experts use the global one).
   int numNodes = 1;
   for (int n : s.nodeOfRank) numNodes = std::max(numNodes, n + 1);
-  const bool byNode = s.pattern == Pattern::SingleNode && numNodes > 1;
+  const bool rails = s.pattern == Pattern::ImbalancedRails && numNodes > 1;
+  const bool byNode = (s.pattern == Pattern::SingleNode || rails) && numNodes > 1;
   std::vector<Sampler> perNode(byNode ? numNodes : 0);
   const int perRank = s.numExperts / s.nranks;
   for (int node = 0; node < static_cast<int>(perNode.size()); ++node) {
@@ -100,11 +103,27 @@ void makeRouting(const RoutingShape& s, int rank, std::vector<int64_t>* topkIdx)
       if (s.nodeOfRank[e / perRank] == node) cand.push_back(e);
     perNode[node].build(static_cast<int>(cand.size()) >= s.topk ? cand : all, weight);
   }
+  // imbalanced-rails: this rank's local index and its node's size decide heavy or light.
+  const int myNode = s.nodeOfRank.empty() ? 0 : s.nodeOfRank[rank];
+  int localIndex = 0, localSize = 0;
+  for (int r = 0; r < s.nranks && rails; ++r) {
+    if (s.nodeOfRank[r] != myNode) continue;
+    localIndex += r < rank;
+    ++localSize;
+  }
+  const bool heavy = localIndex < (localSize + 1) / 2;
   std::mt19937_64 rng(mix64(s.seed * 0x100000001b3ULL + static_cast<uint64_t>(rank)));
   topkIdx->assign(s.tokens * s.topk, -1);
   for (size_t t = 0; t < s.tokens; ++t) {
     const Sampler* sm = &global;
-    if (byNode) sm = &perNode[std::uniform_int_distribution<int>(0, numNodes - 1)(rng)];
+    if (rails) {
+      const bool away = heavy || std::uniform_int_distribution<int>(0, 2)(rng) == 0;
+      int node = myNode;
+      if (away) node = (myNode + 1 + std::uniform_int_distribution<int>(0, numNodes - 2)(rng)) % numNodes;
+      sm = &perNode[node];
+    } else if (byNode) {
+      sm = &perNode[std::uniform_int_distribution<int>(0, numNodes - 1)(rng)];
+    }
     int64_t* row = topkIdx->data() + t * s.topk;
     for (int k = 0; k < s.topk; ++k) {
       int e;

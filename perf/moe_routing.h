@@ -14,6 +14,10 @@
 //   zipf         expert popularity ~ Zipf(s = 1.0): the i-th most popular expert has weight
 //                1/(i+1); the popularity order is a seeded random permutation of the experts, the
 //                same on every rank.
+//   imbalanced-rails  (several nodes) on every node the first half of the ranks by local index (the
+//                same local indices on every node, so the same rails) send 3x the cross-node rows
+//                of the other half: each token of a heavy rank takes all its experts on one other
+//                node; a light rank's token does so with probability 1/3, else stays on its node.
 // Everything is deterministic in (seed, rank), so every contender sees the same routing.
 #pragma once
 
@@ -26,7 +30,7 @@
 namespace fusco {
 namespace perf {
 
-enum class Pattern { Uniform, SingleNode, Imbalanced, Zipf };
+enum class Pattern { Uniform, SingleNode, Imbalanced, Zipf, ImbalancedRails };
 
 // Returns false on an unknown name.
 bool parsePattern(const char* name, Pattern* out);

@@ -99,6 +99,11 @@ struct TransportOps {
   void (*markAborted)(TransportComm* tc, const char* reason);
   // Frees everything; safe after peers died. tc may be nullptr.
   void (*close)(TransportComm* tc);
+  // Moves along what was posted to any peer (transports whose sends finish in the background
+  // need their owner to keep stepping them even once every message of a pair is posted, or a
+  // peer that waits for those bytes, possibly to forward them, waits forever). nullptr: nothing
+  // to do. Called by the engine whenever a wait makes no progress.
+  void (*progress)(TransportComm* tc);
 };
 
 // Every transport compiled into this build, in a fixed order.

@@ -43,13 +43,12 @@ fuscoResult_t checkMoeConfig(const fuscoMoeConfig_t* cfg, ArgCheck* a) {
   return fuscoSuccess;
 }
 
-// The dedup mode a plan uses. NODE on a single node moves exactly what RANK moves.
-Dedup chooseDedup(int requested, int numNodes, ArgCheck* a) {
+// The dedup mode a plan uses. NODE on a single node moves exactly what RANK moves, so it is RANK
+// there; AUTO is NODE across nodes.
+Dedup chooseDedup(int requested, int numNodes) {
   if (requested == FUSCO_DEDUP_NONE) return Dedup::None;
-  if (requested == FUSCO_DEDUP_NODE && numNodes > 1)
-    a->fail("fuscoMoePlan: FUSCO_DEDUP_NODE across %d nodes needs forwarders, which this build "
-            "does not have; use FUSCO_DEDUP_RANK or NONE", numNodes);
-  return Dedup::Rank;
+  if (requested == FUSCO_DEDUP_RANK || numNodes <= 1) return Dedup::Rank;
+  return Dedup::Node;
 }
 
 // A plan-time exchange of plain host buffers: sends[p] to rank p, recvs[p] from it.
@@ -63,29 +62,34 @@ fuscoResult_t exchange(fuscoComm_t comm, const char* name, const ArgCheck& a,
   return runMoeOp(comm, name, a, work);
 }
 
-// Sizes first, then the metadata itself; fills metaFrom[s].
-fuscoResult_t exchangeMeta(fuscoComm_t comm, const ArgCheck& a, const MoeSendPlan& send,
-                           std::vector<std::vector<int32_t>>* metaFrom) {
+}  // namespace
+
+// Sizes first, then the words themselves.
+fuscoResult_t fusco::exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& a,
+                                   const std::vector<std::vector<int32_t>>& out,
+                                   std::vector<std::vector<int32_t>>* in) {
   int n = comm->impl->nranks();
   std::vector<uint64_t> mySizes(n, 0), theirSizes(n, 0);
   std::vector<RowStream> s(n), r(n);
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-    mySizes[p] = send.meta[p].size();
+    mySizes[p] = out[p].size();
     s[p] = RowStream::flat(&mySizes[p], sizeof(uint64_t));
     r[p] = RowStream::flat(&theirSizes[p], sizeof(uint64_t));
   }
-  FUSCO_CHECK(exchange(comm, "fuscoMoePlan (sizes)", a, s, r));
-  metaFrom->assign(n, {});
+  FUSCO_CHECK(exchange(comm, name, a, s, r));
+  in->assign(n, {});
   for (int p = 0; p < n; ++p) {
     if (theirSizes[p] > (1ull << 34))
-      return FUSCO_FAIL(fuscoRemoteError, kPlan, "fuscoMoePlan: rank %d announced %llu metadata words",
-                        p, static_cast<unsigned long long>(theirSizes[p]));
-    (*metaFrom)[p].resize(theirSizes[p]);
-    s[p] = RowStream::flat(send.meta[p].data(), send.meta[p].size() * sizeof(int32_t));
-    r[p] = RowStream::flat((*metaFrom)[p].data(), theirSizes[p] * sizeof(int32_t));
+      return FUSCO_FAIL(fuscoRemoteError, kPlan, "%s: rank %d announced %llu words", name, p,
+                        static_cast<unsigned long long>(theirSizes[p]));
+    (*in)[p].resize(theirSizes[p]);
+    s[p] = RowStream::flat(out[p].data(), out[p].size() * sizeof(int32_t));
+    r[p] = RowStream::flat((*in)[p].data(), theirSizes[p] * sizeof(int32_t));
   }
-  return exchange(comm, "fuscoMoePlan (metadata)", a, s, r);
+  return exchange(comm, name, a, s, r);
 }
+
+namespace {
 
 // Each receiver tells each source where that source's rows land (its fan rows), so dispatch can
 // write the final rows directly when the receiver's buffer is reachable.
@@ -93,7 +97,10 @@ fuscoResult_t exchangeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgChec
   int n = comm->impl->nranks();
   std::vector<RowStream> s(n), r(n);
   h.remoteFanRows.assign(n, {});
+  const NodeMap& nodes = comm->impl->nodes();
   for (int p = 0; p < n; ++p) {
+    // Under NODE dedup rows from other nodes arrive through forwarders: nothing to tell them.
+    if (h.dedup == Dedup::Node && !nodes.sameNode(p, comm->impl->rank())) continue;
     s[p] = RowStream::flat(h.recv.fanRows[p].data(), h.recv.fanRows[p].size() * sizeof(int64_t));
     h.remoteFanRows[p].resize(h.send.kSlots[p].size());
     r[p] = RowStream::flat(h.remoteFanRows[p].data(), h.remoteFanRows[p].size() * sizeof(int64_t));
@@ -147,22 +154,25 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
       topkIdx = h->topkIdx.data();
     }
     if (a.status == fuscoSuccess) {
-      h->dedup = chooseDedup(config->dedup, c.nodes().numNodes, &a);
+      h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
       if (buildMoeShape(c.nranks(), config->numExperts, config->expertToRank,
                         config->expertAlignment, &h->shape) != fuscoSuccess)
         a.fail("%s", threadLastError().c_str());
     }
     if (a.status == fuscoSuccess && validateTopk(h->shape, topkIdx, numTokens, topk) != fuscoSuccess)
       a.fail("%s", threadLastError().c_str());
-    if (a.status == fuscoSuccess) h->send = planSend(h->shape, c.rank(), topkIdx, numTokens, topk, h->dedup);
+    const bool node = a.status == fuscoSuccess && h->dedup == Dedup::Node;
+    if (a.status == fuscoSuccess)
+      h->send = planSend(h->shape, c.rank(), topkIdx, numTokens, topk, node ? Dedup::Rank : h->dedup);
     std::vector<std::vector<int32_t>> metaFrom;
-    FUSCO_CHECK(exchangeMeta(comm, a, h->send, &metaFrom));
     // A receive plan that fails (malformed metadata) still takes part in the last exchange, so
     // the other ranks fail promptly too.
     ArgCheck b;
-    if (planRecv(h->shape, c.rank(), metaFrom, &h->recv) != fuscoSuccess) {
+    if (node) FUSCO_CHECK(planNodeDedup(comm, *h, a, config->balance, topkIdx, &metaFrom, &b));
+    else FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", a, h->send.meta, &metaFrom));
+    if (b.status != fuscoSuccess || planRecv(h->shape, c.rank(), metaFrom, &h->recv) != fuscoSuccess) {
+      if (b.status == fuscoSuccess) b.message = threadLastError();
       b.status = fuscoRemoteError;
-      b.message = threadLastError();
       h->recv = MoeRecvPlan();
       h->recv.fanStart.assign(c.nranks(), {});
       h->recv.fanRows.assign(c.nranks(), {});

@@ -35,7 +35,7 @@ fuscoResult_t fusco::runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck
 
 namespace {
 
-enum ScratchSlot { kLandingScratch = 1 };
+enum ScratchSlot { kLandingScratch = 1, kStagingScratch = 2 };
 
 struct Traffic {
   size_t intraRows = 0, interRows = 0, intraBytes = 0, interBytes = 0;
@@ -52,12 +52,89 @@ size_t rowsToSend(const fuscoMoeHandle& h) {
   return n;
 }
 
+bool nodeDedup(const fuscoMoeHandle& h) { return h.dedup == Dedup::Node; }
+
+// Rows this rank puts on its pair with p in dispatch: under NODE dedup, RANK rows and forwarded
+// rows to the ranks of its node, one row per (token, segment) to forwarders elsewhere.
+size_t dispatchRowsTo(const fuscoMoeHandle& h, const Communicator& c, int p) {
+  if (!nodeDedup(h)) return h.send.rows[p].size();
+  const auto& st = h.node;
+  size_t rows = 0;
+  const int me = c.rank();
+  if (c.nodes().sameNode(p, me)) {
+    rows = h.send.rows[p].size();
+    for (const NodeFwdSeg& f : st.fwd) rows += f.rowsTo[c.nodes().localRankOf[p]].size();
+    for (size_t i : st.send.segs)
+      if (st.segs[i].relay == p && p != me) rows += st.segs[i].rows;
+  } else {
+    for (const NodeSegment& g : st.segs)
+      if (g.relay == me && g.forwarder == p) rows += g.rows;
+  }
+  return rows;
+}
+
+// Rows this rank returns on its pair with p in combine (partials, or node sums as a forwarder).
+size_t combineRowsTo(const fuscoMoeHandle& h, const Communicator& c, int p) {
+  if (!nodeDedup(h)) return h.recv.rowsFrom(p);
+  const auto& st = h.node;
+  size_t rows = 0;
+  if (c.nodes().sameNode(p, c.rank())) {
+    rows = h.recv.rowsFrom(p);
+    for (const NodeInSeg& e : st.inFrom[p]) rows += e.rows;
+    for (size_t i : st.relayed)
+      if (st.segs[i].src == p) rows += st.segs[i].rows;
+  } else {
+    for (const NodeFwdSeg& f : st.fwd)
+      if (st.segs[f.seg].relay == p) rows += st.segs[f.seg].rows;
+  }
+  return rows;
+}
+
+// Writes bytes [off, off + len) of a stream of rows computed column-wise by columns(row, col0,
+// ncols, dst). A cut on an element boundary computes just those columns; any other cut goes
+// through one temporary row.
+template <typename Columns>
+void produceRows(size_t rowOut, size_t elem, size_t hidden, size_t off, size_t len, void* dst,
+                 std::vector<char>* tmp, Columns columns) {
+  char* d = static_cast<char*>(dst);
+  for (size_t at = 0; at < len;) {
+    size_t row = (off + at) / rowOut, inRow = (off + at) - row * rowOut;
+    size_t n = std::min(rowOut - inRow, len - at);
+    if (inRow % elem == 0 && n % elem == 0) {
+      columns(row, inRow / elem, n / elem, d + at);
+    } else {
+      tmp->resize(rowOut);
+      columns(row, 0, hidden, tmp->data());
+      memcpy(d + at, tmp->data() + inRow, n);
+    }
+    at += n;
+  }
+}
+
+// A relay's pass-through of a contiguous stream: whatever has landed may leave.
+size_t landedBytes(const void* ctx) { return *static_cast<const size_t*>(ctx); }
+
+// A forwarder's send of rows that land in the same operation: rows[i] of the staging area may
+// be read once the bytes up to its end have landed (rows ascending).
+struct LandedRows {
+  const int64_t* rows = nullptr;
+  size_t nrows = 0, rowBytes = 0;
+  const size_t* landed = nullptr;
+  mutable size_t ready = 0;
+
+  static size_t bytesReady(const void* ctx) {
+    const LandedRows& g = *static_cast<const LandedRows*>(ctx);
+    while (g.ready < g.nrows && static_cast<size_t>(g.rows[g.ready] + 1) * g.rowBytes <= *g.landed) ++g.ready;
+    return g.ready * g.rowBytes;
+  }
+};
+
 // Produces bytes of the partial rows for one source: row i = weighted sum (k order) of the
-// expert outputs of its fan rows. Slices may cut rows; a cut on an element boundary computes
-// just those columns, any other cut goes through one temporary row.
+// expert outputs of fan rows of row rowBase + i from src.
 struct PartialSource {
   const fuscoMoeHandle* h;
   int src;
+  size_t rowBase;
   const char* expertOut;
   fuscoDataType_t dt;
   size_t hidden, rowOut, elem;
@@ -65,7 +142,7 @@ struct PartialSource {
   mutable std::vector<char> tmp;
 
   void columns(size_t row, size_t col0, size_t ncols, void* dst) const {
-    uint32_t b = h->recv.fanStart[src][row], e = h->recv.fanStart[src][row + 1];
+    uint32_t b = h->recv.fanStart[src][rowBase + row], e = h->recv.fanStart[src][rowBase + row + 1];
     ptrs.clear();
     for (uint32_t f = b; f < e; ++f)
       ptrs.push_back(expertOut + h->recv.fanRows[src][f] * rowOut + col0 * elem);
@@ -74,19 +151,8 @@ struct PartialSource {
 
   static void produce(const void* ctx, size_t off, size_t len, void* dst) {
     const PartialSource& p = *static_cast<const PartialSource*>(ctx);
-    char* d = static_cast<char*>(dst);
-    for (size_t at = 0; at < len;) {
-      size_t row = (off + at) / p.rowOut, inRow = (off + at) - row * p.rowOut;
-      size_t n = std::min(p.rowOut - inRow, len - at);
-      if (inRow % p.elem == 0 && n % p.elem == 0) {
-        p.columns(row, inRow / p.elem, n / p.elem, d + at);
-      } else {
-        p.tmp.resize(p.rowOut);
-        p.columns(row, 0, p.hidden, p.tmp.data());
-        memcpy(d + at, p.tmp.data() + inRow, n);
-      }
-      at += n;
-    }
+    produceRows(p.rowOut, p.elem, p.hidden, off, len, dst, &p.tmp,
+                [&](size_t row, size_t c0, size_t nc, void* d) { p.columns(row, c0, nc, d); });
   }
 };
 
@@ -98,17 +164,27 @@ void sumLevel(fuscoDataType_t dt, size_t hidden, const std::vector<const void*>&
 
 // Source side: out[t] = sum over nodes (ascending) of sum over the node's ranks (ascending) of
 // the token's partial from that rank. In NONE mode the partial is formed here from the raw rows.
+// Under NODE dedup the sums of other nodes arrive made (nodeLanding[N]: one row per token of
+// h.node.send.nodeTokens[N]).
 void finalSum(fuscoMoeHandle& h, const Communicator& c, fuscoDataType_t dt, size_t rowOut, size_t hidden,
-              const float* weights, const std::vector<char*>& landing, void* out) {
+              const float* weights, const std::vector<char*>& landing,
+              const std::vector<char*>* nodeLanding, void* out) {
   const NodeMap& nodes = c.nodes();
   int n = h.shape.nranks;
-  std::vector<size_t> cursor(n, 0);
+  std::vector<size_t> cursor(n, 0), nodeCursor(nodes.numNodes, 0);
   std::vector<char> rankScratch(n * rowOut), nodeScratch(nodes.numNodes * rowOut);
   std::vector<const void*> rankPtrs, nodePtrs, rowPtrs;
   std::vector<float> w;
   for (size_t t = 0; t < h.numTokens; ++t) {
     nodePtrs.clear();
     for (int node = 0; node < nodes.numNodes; ++node) {
+      if (nodeLanding != nullptr && node != nodes.nodeOf[c.rank()]) {
+        const auto& tokens = h.node.send.nodeTokens[node];
+        size_t& cur = nodeCursor[node];
+        if (cur < tokens.size() && tokens[cur] == static_cast<int64_t>(t))
+          nodePtrs.push_back((*nodeLanding)[node] + cur++ * rowOut);
+        continue;
+      }
       rankPtrs.clear();
       for (int r : nodes.ranksOfNode[node]) {
         const auto& rows = h.send.rows[r];
@@ -166,8 +242,12 @@ fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const Arg
   return runMoeOp(h.comm, "fuscoMoeCombine (weights)", a, work);
 }
 
+fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                          const float* topkWeights, void* out, const ArgCheck& a);
+
 fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
                       const float* topkWeights, void* out, const ArgCheck& a) {
+  if (nodeDedup(h)) return combineNode(h, expertOut, dt, hidden, topkWeights, out, a);
   Communicator& c = *h.comm->impl;
   int n = c.nranks();
   const size_t elem = dataTypeSize(dt), rowOut = hidden * elem;
@@ -184,7 +264,7 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
     size_t back = h.recv.rowsFrom(p);
     if (h.dedup != Dedup::None) {
-      sources[p] = PartialSource{&h, p, static_cast<const char*>(expertOut), dt, hidden, rowOut, elem, {}, {}};
+      sources[p] = PartialSource{&h, p, 0, static_cast<const char*>(expertOut), dt, hidden, rowOut, elem, {}, {}};
       work[p].sends.push_back(RowStream::produced(rowOut, back, &PartialSource::produce, &sources[p]));
     } else {
       work[p].sends.push_back(RowStream::indexed(expertOut, rowOut, h.recv.fanRows[p].data(), back));
@@ -196,26 +276,252 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
   }
   // After the weights exchange every rank knows the call is valid everywhere.
   FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, h.dedup != Dedup::None));
-  finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, out);
+  finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, nullptr, out);
+  return fuscoSuccess;
+}
+
+// A forwarder's row for one segment: row i = the fixed tree's node level, the sum over the local
+// ranks (ascending) of their partials for that token, each read once it has landed.
+struct NodeSumSource {
+  const NodeFwdSeg* f = nullptr;
+  const char* const* part = nullptr;  // [localSize] partial landing rows per local rank
+  const size_t* landed = nullptr;     // [localSize] bytes landed per local rank
+  fuscoDataType_t dt = fuscoFloat32;
+  size_t hidden = 0, rowOut = 0, elem = 0, nrows = 0;
+  mutable size_t ready = 0;
+  mutable std::vector<const void*> ptrs;
+  mutable std::vector<char> tmp;
+
+  static size_t bytesReady(const void* ctx) {
+    const NodeSumSource& g = *static_cast<const NodeSumSource*>(ctx);
+    for (; g.ready < g.nrows; ++g.ready)
+      for (uint32_t j = g.f->termStart[g.ready]; j < g.f->termStart[g.ready + 1]; ++j)
+        if (g.landed[g.f->termLr[j]] < (g.f->termIdx[j] + 1) * g.rowOut) return g.ready * g.rowOut;
+    return g.ready * g.rowOut;
+  }
+  void columns(size_t row, size_t col0, size_t ncols, void* dst) const {
+    ptrs.clear();
+    for (uint32_t j = f->termStart[row]; j < f->termStart[row + 1]; ++j)
+      ptrs.push_back(part[f->termLr[j]] + f->termIdx[j] * rowOut + col0 * elem);
+    if (ptrs.size() == 1) canonicalCopyRow(dt, ncols, ptrs[0], dst);
+    else sumRows(dt, ncols, ptrs.data(), ptrs.size(), dst);
+  }
+  static void produce(const void* ctx, size_t off, size_t len, void* dst) {
+    const NodeSumSource& p = *static_cast<const NodeSumSource*>(ctx);
+    produceRows(p.rowOut, p.elem, p.hidden, off, len, dst, &p.tmp,
+                [&](size_t row, size_t c0, size_t nc, void* d) { p.columns(row, c0, nc, d); });
+  }
+};
+
+// Combine under NODE dedup, mirroring dispatch: every rank returns its partials for forwarded
+// rows to their forwarder; a forwarder sends one node sum per (token, segment) back across the
+// network, to the segment's relay, as soon as its partials have landed; a relay passes node sums
+// on to their source as they land; the source adds the nodes.
+fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                          const float* topkWeights, void* out, const ArgCheck& a) {
+  Communicator& c = *h.comm->impl;
+  const NodeMap& nodes = c.nodes();
+  const int n = c.nranks(), me = c.rank(), myNode = nodes.nodeOf[me];
+  const auto& st = h.node;
+  const size_t elem = dataTypeSize(dt), rowOut = hidden * elem;
+  const size_t nf = st.fwd.size(), ls = nodes.ranksOfNode[myNode].size(), nr = st.relayed.size();
+  FUSCO_CHECK(shipWeights(h, topkWeights, a));
+  // One scratch area: RANK landing rows (this node), node sums (other nodes), partials to add,
+  // node sums passing through as a relay.
+  size_t total = 0;
+  for (int p = 0; p < n; ++p)
+    if (nodes.sameNode(p, me)) total += h.send.rows[p].size() * rowOut;
+  for (int node = 0; node < nodes.numNodes; ++node) total += st.send.nodeTokens[node].size() * rowOut;
+  for (const NodeFwdSeg& f : st.fwd)
+    for (const auto& rows : f.rowsTo) total += rows.size() * rowOut;
+  for (size_t i : st.relayed) total += st.segs[i].rows * rowOut;
+  char* base = nullptr;
+  if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kLandingScratch, total, &base));
+  size_t at = 0;
+  auto carve = [&](size_t bytes) { char* p = base + at; at += bytes; return p; };
+  std::vector<char*> landing(n, nullptr), nodeLanding(nodes.numNodes, nullptr), part(nf * ls, nullptr);
+  std::vector<char*> relaySums(nr, nullptr);
+  std::vector<size_t> landed(nf * ls, 0), relayLanded(nr, 0);
+  std::vector<NodeSumSource> sums(nf);
+  std::vector<PartialSource> sources;
+  size_t numSources = n;
+  for (int p = 0; p < n; ++p) numSources += st.inFrom[p].size();
+  sources.reserve(numSources);  // streams point into it
+  std::vector<PeerWork> work(n);
+  for (int p = 0; p < n && base != nullptr; ++p)
+    if (nodes.sameNode(p, me)) landing[p] = carve(h.send.rows[p].size() * rowOut);
+  for (int node = 0; node < nodes.numNodes && base != nullptr; ++node)
+    nodeLanding[node] = carve(st.send.nodeTokens[node].size() * rowOut);
+  for (size_t k = 0; k < nf && base != nullptr; ++k)
+    for (size_t lr = 0; lr < ls; ++lr) part[k * ls + lr] = carve(st.fwd[k].rowsTo[lr].size() * rowOut);
+  for (size_t j = 0; j < nr && base != nullptr; ++j) relaySums[j] = carve(st.segs[st.relayed[j]].rows * rowOut);
+  const char* eo = static_cast<const char*>(expertOut);
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    auto& w = work[p];
+    if (nodes.sameNode(p, me)) {
+      sources.push_back(PartialSource{&h, p, 0, eo, dt, hidden, rowOut, elem, {}, {}});
+      w.sends.push_back(RowStream::produced(rowOut, h.recv.rowsFrom(p), &PartialSource::produce, &sources.back()));
+      for (const NodeInSeg& e : st.inFrom[p]) {
+        sources.push_back(PartialSource{&h, st.segs[e.seg].src, e.rowOffset, eo, dt, hidden, rowOut, elem, {}, {}});
+        w.sends.push_back(RowStream::produced(rowOut, e.rows, &PartialSource::produce, &sources.back()));
+      }
+      for (size_t j = 0; j < nr; ++j) {  // node sums relayed back to p
+        const NodeSegment& g = st.segs[st.relayed[j]];
+        if (g.src != p) continue;
+        RowStream s = RowStream::flat(relaySums[j], g.rows * rowOut);
+        s.ready = &landedBytes;
+        s.readyCtx = &relayLanded[j];
+        w.sends.push_back(s);
+      }
+      w.recvs.push_back(RowStream::flat(landing[p], h.send.rows[p].size() * rowOut));
+      const int lr = nodes.localRankOf[p];
+      for (size_t k = 0; k < nf; ++k) {
+        RowStream r = RowStream::flat(part[k * ls + lr], st.fwd[k].rowsTo[lr].size() * rowOut);
+        r.landed = &landed[k * ls + lr];
+        w.recvs.push_back(r);
+      }
+      for (size_t i : st.send.segs) {  // this rank's node sums, relayed by p
+        const NodeSegment& g = st.segs[i];
+        if (g.relay == p && p != me)
+          w.recvs.push_back(RowStream::flat(nodeLanding[g.node] + g.pos0 * rowOut, g.rows * rowOut));
+      }
+      continue;
+    }
+    for (size_t k = 0; k < nf; ++k) {
+      const NodeSegment& g = st.segs[st.fwd[k].seg];
+      if (g.relay != p) continue;
+      NodeSumSource& ns = sums[k];
+      ns.f = &st.fwd[k];
+      ns.part = part.data() + k * ls;
+      ns.landed = landed.data() + k * ls;
+      ns.dt = dt, ns.hidden = hidden, ns.rowOut = rowOut, ns.elem = elem, ns.nrows = g.rows;
+      RowStream s = RowStream::produced(rowOut, g.rows, &NodeSumSource::produce, &ns);
+      s.ready = &NodeSumSource::bytesReady;
+      s.readyCtx = &ns;
+      w.sends.push_back(s);
+    }
+    for (size_t i = 0, j = 0; i < st.segs.size(); ++i) {  // segments returning through this NIC
+      const NodeSegment& g = st.segs[i];
+      const bool relayed = g.relay == me && g.src != me;
+      if (g.relay == me && g.forwarder == p) {
+        RowStream r = RowStream::flat(relayed ? relaySums[j] : nodeLanding[g.node] + g.pos0 * rowOut,
+                                      g.rows * rowOut);
+        if (relayed) r.landed = &relayLanded[j];
+        w.recvs.push_back(r);
+      }
+      j += relayed;
+    }
+  }
+  FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, true));
+  finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, &nodeLanding, out);
   return fuscoSuccess;
 }
 
 // Dispatch on a host comm: rows by token index, written straight into the receivers' final rows
 // when their buffer is mappable (the plan told each source the receiver's fan rows), else staged.
+// The direct (RANK) message of dispatch between this rank and p.
+void addRankDispatch(const fuscoMoeHandle& h, int p, const void* x, size_t rowBytes, void* recvX, PeerWork* w) {
+  const size_t rows = h.send.rows[p].size();
+  w->sends.push_back(RowStream::indexed(x, rowBytes, h.send.rows[p].data(), rows));
+  w->remoteDst.push_back(RowStream::fanOut(nullptr, rowBytes, h.send.kStart[p].data(), h.remoteFanRows[p].data(), rows));
+  RowStream r = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[p].data(), h.recv.fanRows[p].data(),
+                                  h.recv.rowsFrom(p));
+  r.layoutShared = true;
+  r.extent = h.recv.numRecvRows * rowBytes;
+  w->recvs.push_back(r);
+}
+
+// NODE dedup: ranks of this node as under RANK, then (per pair, in segment order) the rows this
+// rank forwards, each sent as soon as it has landed, and the rows it hands a relay; across the
+// network, the rows of every segment this rank relays (its own, read from x, and those a peer
+// handed it, passed on as they land) to their forwarders, landing in staging rows.
+fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX,
+                               const ArgCheck& a, std::vector<PeerWork>* work) {
+  Communicator& c = *h.comm->impl;
+  const NodeMap& nodes = c.nodes();
+  const int n = h.shape.nranks, me = c.rank();
+  const auto& st = h.node;
+  const size_t nf = st.fwd.size(), ls = nodes.ranksOfNode[nodes.nodeOf[me]].size();
+  // Staging: per forwarded segment, then per segment relayed for a peer (st.relayed).
+  std::vector<char*> staging(nf, nullptr), relayRows(st.relayed.size(), nullptr);
+  size_t total = 0;
+  for (const NodeFwdSeg& f : st.fwd) total += st.segs[f.seg].rows * rowBytes;
+  for (size_t i : st.relayed) total += st.segs[i].rows * rowBytes;
+  char* base = nullptr;
+  if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kStagingScratch, total, &base));
+  size_t at = 0;
+  for (size_t k = 0; k < nf && base != nullptr; at += st.segs[st.fwd[k].seg].rows * rowBytes, ++k) staging[k] = base + at;
+  for (size_t j = 0; j < st.relayed.size() && base != nullptr; at += st.segs[st.relayed[j]].rows * rowBytes, ++j)
+    relayRows[j] = base + at;
+  std::vector<size_t> landed(nf, 0), relayLanded(st.relayed.size(), 0);
+  std::vector<LandedRows> gates(nf * ls);
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    auto& w = (*work)[p];
+    if (nodes.sameNode(p, me)) {
+      // Per pair, messages that wait for nothing come first, so a gated message never holds
+      // up one that some other rank's gate waits for (no cycle across the two hops).
+      addRankDispatch(h, p, x, rowBytes, recvX, &w);
+      for (size_t i : st.send.segs) {  // rows p relays for this rank
+        const NodeSegment& g = st.segs[i];
+        if (g.relay == p && p != me)
+          w.sends.push_back(RowStream::indexed(x, rowBytes, st.send.nodeTokens[g.node].data() + g.pos0, g.rows));
+      }
+      const int lr = nodes.localRankOf[p];
+      for (size_t k = 0; k < nf; ++k) {
+        const auto& rows = st.fwd[k].rowsTo[lr];
+        LandedRows& g = gates[k * ls + lr];
+        g = LandedRows{rows.data(), rows.size(), rowBytes, &landed[k], 0};
+        RowStream s = RowStream::indexed(staging[k], rowBytes, rows.data(), rows.size());
+        s.ready = &LandedRows::bytesReady;
+        s.readyCtx = &g;
+        w.sends.push_back(s);
+      }
+      for (size_t j = 0; j < st.relayed.size(); ++j) {  // rows this rank relays for p
+        if (st.segs[st.relayed[j]].src != p) continue;
+        RowStream r = RowStream::flat(relayRows[j], st.segs[st.relayed[j]].rows * rowBytes);
+        r.landed = &relayLanded[j];
+        w.recvs.push_back(r);
+      }
+      for (const NodeInSeg& e : st.inFrom[p]) {
+        const int src = st.segs[e.seg].src;
+        w.recvs.push_back(RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[src].data() + e.rowOffset,
+                                            h.recv.fanRows[src].data(), e.rows));
+      }
+      continue;
+    }
+    for (size_t i = 0, j = 0; i < st.segs.size(); ++i) {  // segments leaving through this NIC
+      const NodeSegment& g = st.segs[i];
+      const bool relayed = g.relay == me && g.src != me;
+      if (g.relay == me && g.forwarder == p) {
+        if (!relayed) {
+          w.sends.push_back(RowStream::indexed(x, rowBytes, st.send.nodeTokens[g.node].data() + g.pos0, g.rows));
+        } else {
+          RowStream s = RowStream::flat(relayRows[j], g.rows * rowBytes);
+          s.ready = &landedBytes;
+          s.readyCtx = &relayLanded[j];
+          w.sends.push_back(s);
+        }
+      }
+      j += relayed;
+    }
+    for (size_t k = 0; k < nf; ++k) {
+      const NodeSegment& g = st.segs[st.fwd[k].seg];
+      if (g.relay != p) continue;
+      RowStream r = RowStream::flat(staging[k], g.rows * rowBytes);
+      r.landed = &landed[k];
+      w.recvs.push_back(r);
+    }
+  }
+  if (a.status == fuscoSuccess)
+    for (int64_t row : h.recv.paddingRows) memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
+  return runMoeOp(h.comm, "fuscoMoeDispatch", a, *work);
+}
+
 fuscoResult_t hostDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX, const ArgCheck& a,
                            std::vector<PeerWork>* work) {
+  if (nodeDedup(h)) return hostDispatchNode(h, x, rowBytes, recvX, a, work);
   const int n = h.shape.nranks;
-  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-    const size_t rows = h.send.rows[p].size();
-    auto& w = (*work)[p];
-    w.sends.push_back(RowStream::indexed(x, rowBytes, h.send.rows[p].data(), rows));
-    w.remoteDst.push_back(RowStream::fanOut(nullptr, rowBytes, h.send.kStart[p].data(), h.remoteFanRows[p].data(), rows));
-    RowStream r = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[p].data(), h.recv.fanRows[p].data(),
-                                    h.recv.rowsFrom(p));
-    r.layoutShared = true;
-    r.extent = h.recv.numRecvRows * rowBytes;
-    w.recvs.push_back(r);
-  }
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) addRankDispatch(h, p, x, rowBytes, recvX, &(*work)[p]);
   if (a.status == fuscoSuccess)
     for (int64_t row : h.recv.paddingRows) memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
   return runMoeOp(h.comm, "fuscoMoeDispatch", a, *work);
@@ -247,7 +553,7 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     std::vector<PeerWork> work(n);
     Traffic traffic;
     for (int p = 0; p < n; ++p) {
-      const size_t rows = h.send.rows[p].size();
+      const size_t rows = dispatchRowsTo(h, c, p);
       traffic.add(c, p, rows, rows * rowBytes);
     }
     if (isCudaComm(comm)) {
@@ -291,7 +597,8 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
     const size_t rowOut = hidden * dataTypeSize(type);
     for (int p = 0; p < comm->impl->nranks(); ++p) {
       if (h.dedup != Dedup::None) traffic.add(*comm->impl, p, 0, h.weightIdx[p].size() * sizeof(float));
-      traffic.add(*comm->impl, p, h.recv.rowsFrom(p), h.recv.rowsFrom(p) * rowOut);
+      const size_t rows = combineRowsTo(h, *comm->impl, p);
+      traffic.add(*comm->impl, p, rows, rows * rowOut);
     }
     if (isCudaComm(comm)) FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream));
     else FUSCO_CHECK(combine(h, expertOut, type, hidden, topkWeights, out, a));

@@ -7,7 +7,9 @@
 #include "api/api_internal.h"
 #include "device/cuda_rt.h"
 #include "engine/engine.h"
+#include "plan/balance.h"
 #include "plan/moe_plan.h"
+#include "plan/node_plan.h"
 
 struct fuscoMoeHandle {
   fuscoComm_t comm = nullptr;
@@ -24,6 +26,18 @@ struct fuscoMoeHandle {
   // the CSR shape send.kStart[r]), so dispatch can write final rows straight into r's buffer.
   std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
+
+  // NODE dedup across nodes (dedup == Node): `send` above is then the RANK plan, used for the
+  // ranks of this node and for the routing weights; rows for other nodes go through forwarders.
+  struct NodeState {
+    fusco::Balance balance = fusco::Balance::Greedy;
+    fusco::BalancePlan plan;
+    std::vector<fusco::NodeSegment> segs;
+    fusco::NodeSendPlan send;
+    std::vector<fusco::NodeFwdSeg> fwd;                  // segments this rank forwards
+    std::vector<std::vector<fusco::NodeInSeg>> inFrom;   // [nranks] segments forwarded to this rank
+    std::vector<size_t> relayed;  // segments this rank relays for a peer of its node, global order
+  } node;
 
   // fuscoMemCuda comms: the plan's index lists on the device (one upload per plan, stream-ordered;
   // dispatch and combine streams wait for it), as pointers into `devBuffer`.
@@ -51,6 +65,20 @@ namespace fusco {
 fuscoResult_t runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed = false, void* stream = nullptr,
                        bool onDevice = false);
+
+// An exchange of int32 word lists over the comm (sizes, then words): out[p] to rank p, in[p] from
+// it. fuscoRemoteError if a peer announces an absurd size.
+fuscoResult_t exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& a,
+                            const std::vector<std::vector<int32_t>>& out,
+                            std::vector<std::vector<int32_t>>* in);
+
+// NODE dedup's plan-time steps (moe_node.cc): counts, the balancer, forward metadata and the
+// forwarders' blocks. Leaves in *metaFrom the RANK-format metadata every source would have sent
+// this rank, for planRecv. A malformed peer message sets *b instead of failing, so this rank
+// still takes part in the remaining exchanges.
+fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a, int balance,
+                            const int64_t* topkIdx, std::vector<std::vector<int32_t>>* metaFrom,
+                            ArgCheck* b);
 
 // Copies the plan's index lists to the device (fuscoMemCuda comms), on `stream`.
 fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream);

@@ -12,6 +12,7 @@
 // partials never exist as a buffer of their own). Produced streams are read-only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -47,12 +48,21 @@ struct RowStream {
   // Receive side: the sender was told this stream's layout (rows / fan-out) and may write the
   // final rows itself when it can map this buffer (one copy).
   bool layoutShared = false;
+  // Send side of a forwarder: the bytes become readable progressively, as the rows they come
+  // from land from another peer in the same operation. ready(readyCtx) says how many leading
+  // bytes may be read now (monotone); nullptr: all of them.
+  size_t (*ready)(const void* ctx) = nullptr;
+  const void* readyCtx = nullptr;
+  // Receive side: where the engine publishes how many leading bytes have landed so far (what a
+  // forwarder's gates read); nullptr: not published.
+  size_t* landed = nullptr;
 
   size_t bytes() const { return nrows * rowBytes; }
   bool contiguous() const {
     return rows == nullptr && fanStart == nullptr && produce == nullptr && devProduce == nullptr;
   }
   size_t extentBytes() const { return extent ? extent : (contiguous() ? bytes() : 0); }
+  size_t readyBytes() const { return ready == nullptr ? bytes() : std::min(bytes(), ready(readyCtx)); }
   static RowStream flat(const void* p, size_t bytes) {
     RowStream s;
     s.base = static_cast<char*>(const_cast<void*>(p));

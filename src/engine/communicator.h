@@ -60,6 +60,11 @@ class Communicator {
   // Grow-only scratch memory of this communicator, from memAlloc so peers can write it directly;
   // kept across calls so no operation pays for fresh pages. One buffer per slot.
   fuscoResult_t scratch(int slot, size_t bytes, char** ptr);
+  // Steps every transport that moves posted messages in the background (TransportOps::progress).
+  void progressTransports() {
+    for (auto& t : transports_)
+      if (t.first->progress != nullptr) t.first->progress(t.second);
+  }
 
   // Error state. A failure in the middle of moving data breaks the communicator (rings may hold
   // half an operation); every later call fails fast with the original message.

@@ -50,6 +50,7 @@ class OpRunner {
   fuscoResult_t dataPhase();
   fuscoResult_t stepSend(int p, bool* progressed);
   fuscoResult_t stepRecv(int p, bool* progressed);
+  void stepSelf(bool* progressed);
   bool directTarget(int p, size_t m, RowStream* dst);
   fuscoResult_t protocolError(int p, const char* what);
   bool sendDone(int p) const { return sc_[p].msg >= op_.peers[p].sends.size(); }
@@ -104,6 +105,8 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
       lastProgress = nowNs();
       continue;
     }
+    // Pairs this rank is done with may still have bytes in flight that a peer waits for.
+    c_.progressTransports();
     if (++idle > spin) sched_yield();
     if ((idle & 15) != 0 && idle <= spin) continue;
     int64_t now = nowNs();
@@ -128,6 +131,16 @@ fuscoResult_t OpRunner::failPending(fuscoResult_t r, const char* phase, const ch
   std::string waiting;
   for (int p : order_)
     if (pending(p)) waiting += (waiting.empty() ? "" : ",") + std::to_string(p);
+  // Where each unfinished pair stands (message index and offset each way), for the trace log.
+  if (inData_) {
+    for (int p = 0; p < n_; ++p) {
+      if (p != me_ && !pending(p)) continue;
+      if (p == me_ && sendDone(me_)) continue;
+      FUSCO_TRACE(kEngine, "%s: rank %d: send message %zu/%zu at byte %zu, receive %zu/%zu at byte %zu",
+                  op_.name, p, sc_[p].msg, op_.peers[p].sends.size(), sc_[p].off, rc_[p].msg,
+                  op_.peers[p].recvs.size(), rc_[p].off);
+    }
+  }
   return FUSCO_FAIL(r, kEngine, "%s: %s (%lld ms) during %s; waiting for rank(s) %s", op_.name,
                     why, static_cast<long long>(c_.timeoutMs()), phase,
                     waiting.empty() ? "none" : waiting.c_str());
@@ -330,6 +343,9 @@ fuscoResult_t OpRunner::stepSend(int p, bool* progressed) {
     const RowStream& s = sends[cur.msg];
     const size_t bytes = s.bytes();
     if (bytes == 0) { ++cur.msg; continue; }
+    // A forwarded stream moves only what has landed; the rest waits for a later step.
+    const size_t avail = s.readyBytes();
+    if (cur.off < bytes && cur.off >= avail) return fuscoSuccess;
     RowStream dst;
     const bool direct = directTarget(p, cur.msg, &dst);
     if (direct && cur.off == 0)
@@ -338,7 +354,7 @@ fuscoResult_t OpRunner::stepSend(int p, bool* progressed) {
     if (direct && cur.off < bytes) {
       // One copy: source rows straight into the receiver's final rows, a slice at a time so
       // this rank keeps serving its other peers.
-      size_t len = std::min(c_.chunkBytes(), bytes - cur.off);
+      size_t len = std::min(c_.chunkBytes(), avail - cur.off);
       streamCopy(s, cur.off, dst, cur.off, len);
       cur.off += len;
       *progressed = true;
@@ -353,7 +369,7 @@ fuscoResult_t OpRunner::stepSend(int p, bool* progressed) {
       FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagDirectDone, 0));
       ++cur.msg, cur.off = 0;
     } else {
-      size_t len = std::min(cap, bytes - cur.off);
+      size_t len = std::min(cap, avail - cur.off);
       gatherBytes(s, cur.off, len, buf);
       FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagData, len));
       cur.off += len;
@@ -403,11 +419,13 @@ fuscoResult_t OpRunner::stepRecv(int p, bool* progressed) {
     if (tag == kTagDirectDone) {
       if (mine_[p].recvTokens[cur.msg] == kStagedToken || cur.off != 0)
         return protocolError(p, "a direct-write completion for a staged message");
+      if (r.landed != nullptr) *r.landed = bytes;
       ++cur.msg;
     } else if (tag == kTagData) {
       if (len == 0 || len > bytes - cur.off) return protocolError(p, "a slice larger than the message");
       scatterBytes(r, cur.off, len, buf);
       cur.off += len;
+      if (r.landed != nullptr) *r.landed = cur.off;
       if (cur.off == bytes) ++cur.msg, cur.off = 0;
     } else {
       return protocolError(p, "an unexpected message in the data phase");
@@ -419,15 +437,36 @@ fuscoResult_t OpRunner::stepRecv(int p, bool* progressed) {
   return fuscoSuccess;
 }
 
-fuscoResult_t OpRunner::dataPhase() {
-  if (moves(me_)) {
-    const PeerWork& w = op_.peers[me_];
-    for (size_t i = 0; i < w.sends.size(); ++i) streamCopy(w.sends[i], 0, w.recvs[i], 0, w.sends[i].bytes());
+// Copies to self in message order, each as far as its source has landed (forwarded rows that
+// this rank keeps wait for them like its peers do).
+void OpRunner::stepSelf(bool* progressed) {
+  const PeerWork& w = op_.peers[me_];
+  auto& cur = sc_[me_];
+  while (cur.msg < w.sends.size()) {
+    const RowStream &s = w.sends[cur.msg], &r = w.recvs[cur.msg];
+    const size_t avail = s.readyBytes();
+    if (cur.off < avail) {
+      streamCopy(s, cur.off, r, cur.off, avail - cur.off);
+      cur.off = avail;
+      if (r.landed != nullptr) *r.landed = avail;
+      *progressed = true;
+    }
+    if (cur.off < s.bytes()) return;
+    ++cur.msg, cur.off = 0;
   }
+}
+
+fuscoResult_t OpRunner::dataPhase() {
+  bool selfProgress = false;
+  if (moves(me_)) stepSelf(&selfProgress);
   inVerdict_ = false;
   inData_ = true;
   return loop("the data transfer", [&](bool* progressed, bool* done) -> fuscoResult_t {
     *done = true;
+    if (moves(me_) && !sendDone(me_)) {
+      stepSelf(progressed);
+      *done = sendDone(me_);
+    }
     for (int p : order_) {
       if (!involved_[p] || !moves(p)) continue;
       if (!sendDone(p)) FUSCO_CHECK(stepSend(p, progressed));

@@ -183,9 +183,19 @@ MoeRefProblem makeProblem(const MoeCase& c, uint64_t seed) {
         idx[t * c.topk + t % c.topk] = c.fixedExpert;
         continue;
       }
-      std::shuffle(candidates.begin(), candidates.end(), rng);
-      for (int k = 0; k < c.topk && k < static_cast<int>(candidates.size()); ++k)
-        if (static_cast<int>(rng() % 100) >= c.unusedPercent) idx[t * c.topk + k] = candidates[k];
+      std::vector<int64_t>* from = &candidates;
+      std::vector<int64_t> onNode;
+      const int numNodes = p.nodeOf.back() + 1;
+      if (c.route == Route::HeavyRails && numNodes > 1) {
+        int node = p.nodeOf[s];
+        if (s % L == 0 || rng() % 3 == 0) node = (node + 1 + static_cast<int>(rng() % (numNodes - 1))) % numNodes;
+        for (int64_t e : candidates)
+          if (p.nodeOf[p.rankOfExpert(static_cast<int>(e))] == node) onNode.push_back(e);
+        from = &onNode;
+      }
+      std::shuffle(from->begin(), from->end(), rng);
+      for (int k = 0; k < c.topk && k < static_cast<int>(from->size()); ++k)
+        if (static_cast<int>(rng() % 100) >= c.unusedPercent) idx[t * c.topk + k] = (*from)[k];
     }
   }
   return p;
@@ -214,6 +224,7 @@ fuscoMoeConfig_t moeConfig(const MoeCase& c, int dedup) {
   m.expertToRank = c.placement.empty() ? nullptr : c.placement.data();
   m.dedup = dedup;
   m.expertAlignment = c.align;
+  m.balance = c.balance;
   return m;
 }
 
@@ -298,6 +309,18 @@ std::vector<uint8_t> dispatchChecked(fuscoComm_t comm, fuscoMoeHandle_t h, const
     EXPECT_EQ(st.dispatchRowsInterNode, inter) << what << " dispatchRowsInterNode";
     EXPECT_EQ(st.dispatchBytesIntraNode, intra * rowBytes) << what << " dispatchBytesIntraNode";
     EXPECT_EQ(st.dispatchBytesInterNode, inter * rowBytes) << what << " dispatchBytesInterNode";
+  } else if (*std::max_element(p.nodeOf.begin(), p.nodeOf.end()) > 0) {
+    // NODE dedup (AUTO across nodes): each token crosses the network once per remote node. A
+    // relay may carry another rank's rows, so the sum over ranks is what is exact.
+    std::vector<int64_t> mine(p.nranks, static_cast<int64_t>(st.dispatchRowsInterNode)), all(p.nranks, -1);
+    FUSCO_EXPECT_OK(comm, fuscoAllToAll(mine.data(), all.data(), 1, fuscoInt64, comm, nullptr));
+    int64_t got = 0, want = 0;
+    for (int r = 0; r < p.nranks; ++r) {
+      got += all[r];
+      want += static_cast<int64_t>(fusco::test::moeRefSendStats(p, r).nodeInter);
+    }
+    EXPECT_EQ(got, want) << what << " network rows over all ranks";
+    EXPECT_EQ(st.dispatchBytesInterNode, st.dispatchRowsInterNode * rowBytes) << what << " dispatchBytesInterNode";
   }
   return recvX;
 }
@@ -397,12 +420,14 @@ std::vector<std::vector<uint8_t>> combineChecked(fuscoComm_t comm, const RankCtx
   return results;
 }
 
-// Runs combineChecked in NONE, RANK and AUTO and checks they agree bitwise.
+// Runs combineChecked in NONE, RANK, NODE and AUTO and checks they agree bitwise.
 void combineAllModes(fuscoComm_t comm, const RankCtx& ctx, const CombineSetup& s) {
   auto none = combineChecked(comm, ctx, s, FUSCO_DEDUP_NONE);
   auto rank = combineChecked(comm, ctx, s, FUSCO_DEDUP_RANK);
+  auto node = combineChecked(comm, ctx, s, FUSCO_DEDUP_NODE);
   auto autoMode = combineChecked(comm, ctx, s, FUSCO_DEDUP_AUTO);
   EXPECT_TRUE(none == rank) << "combine NONE and RANK differ on rank " << ctx.rank;
+  EXPECT_TRUE(none == node) << "combine NONE and NODE differ on rank " << ctx.rank;
   EXPECT_TRUE(none == autoMode) << "combine NONE and AUTO differ on rank " << ctx.rank;
 }
 

@@ -25,7 +25,9 @@ namespace fusco::test {
 
 using Bytes2D = std::vector<std::vector<uint8_t>>;
 
-enum class Route { Random, OneExpert, SomeExpertsIdle };
+// HeavyRails (several nodes): the first rank of every node sends each token to experts of one
+// other node; the other ranks do so for a third of their tokens and keep the rest on their node.
+enum class Route { Random, OneExpert, SomeExpertsIdle, HeavyRails };
 
 struct MoeCase {
   int nranks = 2;
@@ -38,9 +40,11 @@ struct MoeCase {
   Route route = Route::Random;
   int unusedPercent = 15;  // chance that a slot is -1
   int fixedExpert = 0;     // Route::OneExpert
+  int balance = FUSCO_BALANCE_AUTO;
 };
 
-inline const std::vector<int> kAllModes = {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK, FUSCO_DEDUP_AUTO};
+inline const std::vector<int> kAllModes = {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK, FUSCO_DEDUP_NODE,
+                                          FUSCO_DEDUP_AUTO};
 
 const char* dedupName(int d);
 

@@ -214,16 +214,18 @@ std::vector<std::vector<uint8_t>> moeRefCombine(const MoeRefProblem& p, const Mo
 MoeRefSendStats moeRefSendStats(const MoeRefProblem& p, int rank) {
   MoeRefSendStats st;
   for (size_t t = 0; t < p.numTokens[rank]; ++t) {
-    std::set<int> remote;
+    std::set<int> remote, remoteNodes;
     for (int k = 0; k < p.topk; ++k) {
       const int64_t e = p.topkIdx[rank][t * p.topk + k];
       if (e < 0) continue;
       const int r = p.rankOfExpert(static_cast<int>(e));
+      if (p.nodeOf[r] != p.nodeOf[rank]) remoteNodes.insert(p.nodeOf[r]);
       if (r == rank) continue;
       remote.insert(r);
       (p.nodeOf[r] == p.nodeOf[rank] ? st.noneIntra : st.noneInter)++;
     }
     for (int r : remote) (p.nodeOf[r] == p.nodeOf[rank] ? st.rankIntra : st.rankInter)++;
+    st.nodeInter += remoteNodes.size();
   }
   return st;
 }

@@ -54,6 +54,7 @@ std::vector<std::vector<uint8_t>> moeRefCombine(const MoeRefProblem& p, const Mo
 struct MoeRefSendStats {
   size_t rankIntra = 0, rankInter = 0;  // RANK dedup: one per (token, distinct remote rank)
   size_t noneIntra = 0, noneInter = 0;  // NONE: one per (token, expert) on a remote rank
+  size_t nodeInter = 0;                  // NODE: one per (token, distinct remote node)
 };
 MoeRefSendStats moeRefSendStats(const MoeRefProblem& p, int rank);
 

@@ -414,6 +414,7 @@ const TransportOps kCudaIpcTransport = {
     ipcCheckPeer,      // checkPeer
     ipcMarkAborted,    // markAborted
     ipcClose,          // close
+    nullptr,           // progress
 };
 
 }  // namespace fusco

@@ -359,5 +359,6 @@ const TransportOps kShmTransport = {
     shmCheckPeer,    // checkPeer
     shmMarkAborted,  // markAborted
     shmClose,        // close
+    nullptr,         // progress
 };
 }  // namespace fusco

@@ -301,6 +301,13 @@ void ucxMarkAborted(TransportComm* tc, const char* reason) {
   }
 }
 
+void ucxProgress(TransportComm* tc) {
+  UcxComm* c = asUcx(tc);
+  if (c == nullptr) return;
+  std::lock_guard<std::mutex> lock(c->mu);
+  ucx::progressAll(c);
+}
+
 void ucxClose(TransportComm* tc) {
   UcxComm* c = asUcx(tc);
   if (c == nullptr) return;
@@ -333,6 +340,7 @@ const TransportOps kUcxTransport = {
     ucxCheckPeer,    // checkPeer
     ucxMarkAborted,  // markAborted
     ucxClose,        // close
+    ucxProgress,     // progress
 };
 
 }  // namespace fusco

@@ -1,0 +1,99 @@
+// Node-level dedup (FUSCO_DEDUP_NODE): a token crosses the network once per remote node, to a
+// forwarder rank there, which fans it out over the intra-node path to the ranks of its node that
+// need it, straight into their final rows. Pure host code, like the rest of the planner.
+//
+// Protocol (run by the API layer over the engine, after the RANK plan of moe_plan.h):
+//   1. Every rank counts its tokens per remote node; the counts are all-gathered and every rank
+//      runs the same balancer (balance.h), so all ranks know every route: a segment is the rows
+//      of one route, tokens [pos0, pos0 + rows) of what src sends to node, leaving through the
+//      relay's NIC and landing at the forwarder.
+//   2. The source sends each forwarder the forward metadata of its segments: per row, the local
+//      ranks that need it and their local experts (planNodeSend).
+//   3. Each forwarder splits that per local rank (planNodeForward) and sends every rank of its
+//      node one block per segment (nodeBlocksFor): the rows it will forward there, in the RANK
+//      metadata format.
+//   4. Each rank assembles, per remote source, exactly the metadata RANK dedup would have sent it
+//      (planNodeReceive), so its receive plan, and hence recvX, is the same in every mode.
+// Combine mirrors the path: partial sums per (token, rank) go to the forwarder, which adds them
+// over its node's ranks (rank ascending: the fixed tree's middle level) and sends one row per
+// (token, node) back across the network.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/topology.h"
+#include "fusco.h"
+#include "plan/balance.h"
+#include "plan/moe_plan.h"
+
+namespace fusco {
+
+// relay: the rank whose NIC carries the rows (src, or a rank of src's node that receives them
+// over the intra-node path first and passes them on as they land).
+struct NodeSegment {
+  int src = 0, node = 0, route = 0, relay = 0, forwarder = 0;
+  uint64_t pos0 = 0, rows = 0;
+};
+
+// Every segment of the communicator, ordered by (src, node, route); the same on every rank.
+std::vector<NodeSegment> nodeSegments(const NodeMap& nodes, const BalancePlan& plan);
+
+// What one rank sends across the network under NODE dedup.
+struct NodeSendPlan {
+  std::vector<std::vector<int64_t>>
+      nodeTokens;                             // [numNodes] tokens with an expert there, ascending
+  std::vector<size_t> segs;                   // this rank's segments (indices), global order
+  std::vector<std::vector<int32_t>> fwdMeta;  // [nranks] forward metadata for forwarder f
+};
+
+// Tokens per node of this rank (nodeTokens), for the balancer's counts and planNodeSend.
+void nodeTokensOf(const MoeShape& shape, const NodeMap& nodes, const int64_t* topkIdx,
+                  size_t numTokens, int topk, std::vector<std::vector<int64_t>>* nodeTokens);
+
+// Builds the forward metadata from the RANK plan (rankPlan) of this rank: for each row of each
+// segment, a count D of local ranks, then D times (local rank index, m, m local expert indices).
+void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
+                  const std::vector<NodeSegment>& segs, NodeSendPlan* out);
+
+// One segment this rank forwards.
+struct NodeFwdSeg {
+  size_t seg = 0;                            // index into the segments
+  std::vector<std::vector<int64_t>> rowsTo;  // [localSize] staging rows for local rank lr
+  std::vector<std::vector<int32_t>> meta;    // [localSize] their RANK-format metadata
+  // Combine: the partials of staging row i come from termLr[termStart[i] .. termStart[i+1])
+  // (local ranks ascending), row termIdx[...] of what that rank returns for this segment.
+  std::vector<uint32_t> termStart;
+  std::vector<int32_t> termLr;
+  std::vector<uint32_t> termIdx;
+};
+
+// The segments this rank forwards, in global order, from the forward metadata each source sent
+// (metaFrom[s]; only remote sources are read). fuscoRemoteError naming the source if malformed.
+fuscoResult_t planNodeForward(const MoeShape& shape, const NodeMap& nodes, int rank,
+                              const std::vector<NodeSegment>& segs,
+                              const std::vector<std::vector<int32_t>>& metaFrom,
+                              std::vector<NodeFwdSeg>* out);
+
+// The blocks this forwarder sends local rank lr: per forwarded segment, [src, route, rows,
+// metaLen, meta...].
+void nodeBlocksFor(const std::vector<NodeFwdSeg>& fwd, const std::vector<NodeSegment>& segs, int lr,
+                   std::vector<int32_t>* out);
+
+// A segment forwarded to this rank: rows [rowOffset, rowOffset + rows) of its rows from src.
+struct NodeInSeg {
+  size_t seg = 0;
+  size_t rowOffset = 0, rows = 0;
+};
+
+// Appends to metaFrom[s] (remote s, empty on entry) the metadata of every segment forwarded to
+// this rank, in route order, from blocksFrom[f] (the blocks of each forwarder f of this node);
+// inFrom[f] lists f's segments in the order f sends them. fuscoRemoteError if a block is missing
+// or malformed.
+fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<NodeSegment>& segs,
+                              const std::vector<std::vector<int32_t>>& blocksFrom,
+                              std::vector<std::vector<int32_t>>* metaFrom,
+                              std::vector<std::vector<NodeInSeg>>* inFrom);
+
+}  // namespace fusco
