@@ -25,23 +25,29 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
          (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
          numNodes_);
   if (gpu_)
-    printf("# memory: cuda (device buffers, stream-ordered calls; each phase timed from a barrier "
-           "to cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d; a rank uses local rank "
-           "%% device count)\n", gpu_->cuda().gpuName.c_str(), gpu_->cuda().device,
-           gpu_->cuda().deviceCount);
-  printf("# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
-         "pattern %s seed %llu\n", o_.tokens, o_.hidden, dtypeName(o_.dtype), rowBytes_, o_.topk,
-         o_.experts, o_.experts / l_.nranks, patternName(o_.pattern),
-         static_cast<unsigned long long>(o_.seed));
+    printf(
+        "# memory: cuda (device buffers, stream-ordered calls; each phase timed from a barrier "
+        "to cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d; a rank uses local rank "
+        "%% device count)\n",
+        gpu_->cuda().gpuName.c_str(), gpu_->cuda().device, gpu_->cuda().deviceCount);
+  printf(
+      "# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
+      "pattern %s seed %llu\n",
+      o_.tokens, o_.hidden, dtypeName(o_.dtype), rowBytes_, o_.topk, o_.experts,
+      o_.experts / l_.nranks, patternName(o_.pattern), static_cast<unsigned long long>(o_.seed));
   std::string dedups, balances;
   for (int d : o_.dedups) dedups += (dedups.empty() ? "" : ",") + std::string(kDedupNames[d]);
-  for (int b : o_.balances) balances += (balances.empty() ? "" : ",") + std::string(kBalanceNames[b]);
-  printf("# fusco: dedup %s balance %s fuse %s replan %s expertAlignment 0; buffers (x, recvX, pipeline "
-         "buffers, out): %s\n", dedups.c_str(), balances.c_str(),
-         o_.fuse ? "on" : "off (runs the unfused pipeline)",
-         o_.replan ? "every iteration" : "off (plan once, reuse)",
-         gpu_ ? bufferKindText(static_cast<BufferKind>(o_.arena))
-         : o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)" : "malloc (staged)");
+  for (int b : o_.balances)
+    balances += (balances.empty() ? "" : ",") + std::string(kBalanceNames[b]);
+  printf(
+      "# fusco: dedup %s balance %s fuse %s replan %s expertAlignment 0; buffers (x, recvX, "
+      "pipeline "
+      "buffers, out): %s\n",
+      dedups.c_str(), balances.c_str(), o_.fuse ? "on" : "off (runs the unfused pipeline)",
+      o_.replan ? "every iteration" : "off (plan once, reuse)",
+      gpu_       ? bufferKindText(static_cast<BufferKind>(o_.arena))
+      : o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)"
+                 : "malloc (staged)");
   if (o_.variants.size() > 1) {
     printf("# fusco variants (each its own handle, interleaved with the other contenders):");
     for (const Row& r : rows_)
@@ -49,16 +55,19 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
     printf("\n");
   }
   printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
-         "..%" PRId64 "\n", smin, smax, rmin, rmax);
+         "..%" PRId64 "\n",
+         smin, smax, rmin, rmax);
   if (o_.contenders[kMpi] && !active_[kMpi])
     printf("# mpi contender not run: %s\n", g_noMpiReason.c_str());
-  printf("# %d warmup + %d timed iterations, contenders interleaved; phase time = slowest rank, "
-         "median over iterations; total = plan + dispatch + combine (min in brackets)\n",
-         o_.warmup, o_.iters);
+  printf(
+      "# %d warmup + %d timed iterations, contenders interleaved; phase time = slowest rank, "
+      "median over iterations; total = plan + dispatch + combine (min in brackets)\n",
+      o_.warmup, o_.iters);
   if (gpu_)
-    printf("# limit = device-to-device cudaMemcpyAsync of the rows each rank sends in dispatch, "
-           "then in combine; unfused = permute / sort-chunks / un-permute CUDA kernels around "
-           "fuscoAllToAllv\n");
+    printf(
+        "# limit = device-to-device cudaMemcpyAsync of the rows each rank sends in dispatch, "
+        "then in combine; unfused = permute / sort-chunks / un-permute CUDA kernels around "
+        "fuscoAllToAllv\n");
   else
     printf("# limit = memcpy of the rows each rank sends in dispatch, then in combine\n");
   fflush(stdout);
@@ -82,7 +91,8 @@ void Bench::printTable(const std::vector<Result>& res) const {
     for (int b = 0; b < 2; ++b) {
       if (base[b] != nullptr && base[b]->ran && r.total > 0)
         snprintf(vs[b], sizeof(vs[b]), "%.2fx", base[b]->total / r.total);
-      else snprintf(vs[b], sizeof(vs[b]), "-");
+      else
+        snprintf(vs[b], sizeof(vs[b]), "-");
     }
     char tot[32];
     snprintf(tot, sizeof(tot), "%.1f (%.1f)", r.total, r.totalMin);
@@ -109,23 +119,26 @@ void Bench::printTable(const std::vector<Result>& res) const {
              single ? "fused dispatch" : (f.name + " dispatch").c_str(),
              limit->dispatch / f.dispatch, limit->combine / f.combine);
     if (limit != nullptr && f.dispatch > 0 && gpu_)
-      printf("# fused dispatch vs device copy of the same bytes: %.2f of copy bandwidth (copy ms / "
-             "dispatch ms; target >= 0.8); combine: %.2f\n",
-             limit->dispatch / f.dispatch, limit->combine / f.combine);
+      printf(
+          "# fused dispatch vs device copy of the same bytes: %.2f of copy bandwidth (copy ms / "
+          "dispatch ms; target >= 0.8); combine: %.2f\n",
+          limit->dispatch / f.dispatch, limit->combine / f.combine);
   }
   for (const Result& r : res) {
     const int c = r.kind;
     if (!diffs || !r.ran || c == kLimit || (c == kFusco && o_.fuse)) continue;
     const char* who = c == kFusco ? "fusco (--fuse off: the unfused pipeline)" : kContenderNames[c];
-    printf("# %s out vs fusco's fused out: max abs diff %.3g (allowed: 8 %s roundings of the "
-           "value)\n", who, r.maxDiff, dtypeName(o_.dtype));
+    printf(
+        "# %s out vs fusco's fused out: max abs diff %.3g (allowed: 8 %s roundings of the "
+        "value)\n",
+        who, r.maxDiff, dtypeName(o_.dtype));
   }
   if (o_.fuse && !gpu_) printVariantRatios(res);
   if (o_.check) {
     int64_t bad = 0;
     for (const Result& r : res) bad += r.wrong;
-    printf("# check: %s\n", bad == 0 ? "OK (dispatch bytes identical, combine within tolerance)"
-                                      : "FAILED");
+    printf("# check: %s\n",
+           bad == 0 ? "OK (dispatch bytes identical, combine within tolerance)" : "FAILED");
   }
   fflush(stdout);
 }
@@ -152,25 +165,31 @@ void Bench::printVariantRatios(const std::vector<Result>& res) const {
     const double tr = dc(none) / dc(node);
     if (node->inter > 0 && none->inter > 0) {
       const double br = static_cast<double>(none->inter) / node->inter;
-      printf("# NODE vs NONE: time ratio %.2f (NONE ms / NODE ms, dispatch+combine), inter-node "
-             "bytes ratio %.2f (NONE / NODE); time ratio / bytes ratio = %.2f (target >= 0.8) "
-             "[%s vs %s]\n", tr, br, tr / br, none->name.c_str(), node->name.c_str());
+      printf(
+          "# NODE vs NONE: time ratio %.2f (NONE ms / NODE ms, dispatch+combine), inter-node "
+          "bytes ratio %.2f (NONE / NODE); time ratio / bytes ratio = %.2f (target >= 0.8) "
+          "[%s vs %s]\n",
+          tr, br, tr / br, none->name.c_str(), node->name.c_str());
     } else {
-      printf("# NODE vs NONE: time ratio %.2f (NONE ms / NODE ms, dispatch+combine), inter-node "
-             "bytes ratio n/a (no inter-node bytes: one node) [%s vs %s]\n", tr,
-             none->name.c_str(), node->name.c_str());
+      printf(
+          "# NODE vs NONE: time ratio %.2f (NONE ms / NODE ms, dispatch+combine), inter-node "
+          "bytes ratio n/a (no inter-node bytes: one node) [%s vs %s]\n",
+          tr, none->name.c_str(), node->name.c_str());
     }
   }
   if (stat != nullptr && greedy != nullptr && dc(greedy) > 0)
-    printf("# GREEDY vs STATIC: dispatch+combine time ratio %.2f (STATIC ms / GREEDY ms: %.2f / "
-           "%.2f)\n", dc(stat) / dc(greedy), dc(stat), dc(greedy));
+    printf(
+        "# GREEDY vs STATIC: dispatch+combine time ratio %.2f (STATIC ms / GREEDY ms: %.2f / "
+        "%.2f)\n",
+        dc(stat) / dc(greedy), dc(stat), dc(greedy));
   for (const Result& r : res) {
     if (r.kind != kFusco || !r.ran) continue;
     const double ideal = static_cast<double>(r.inter) / l_.nranks;
     if (ideal > 0)
-      printf("# %s: max rail send bytes / ideal = %.2f (busiest rank %.1f MB, ideal %.1f MB = "
-             "inter-node total / %d ranks)\n", r.name.c_str(), r.interMax / ideal,
-             r.interMax / 1e6, ideal / 1e6, l_.nranks);
+      printf(
+          "# %s: max rail send bytes / ideal = %.2f (busiest rank %.1f MB, ideal %.1f MB = "
+          "inter-node total / %d ranks)\n",
+          r.name.c_str(), r.interMax / ideal, r.interMax / 1e6, ideal / 1e6, l_.nranks);
     else
       printf("# %s: max rail send bytes / ideal = n/a (no inter-node bytes)\n", r.name.c_str());
   }
@@ -186,7 +205,8 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
     balance = v.balanceApplies ? kBalanceNames[v.balance] : "n/a";  // dedup none / rank
   } else {
     for (int d : o_.dedups) dedup += (dedup.empty() ? "" : ",") + std::string(kDedupNames[d]);
-    for (int b : o_.balances) balance += (balance.empty() ? "" : ",") + std::string(kBalanceNames[b]);
+    for (int b : o_.balances)
+      balance += (balance.empty() ? "" : ",") + std::string(kBalanceNames[b]);
   }
   const int c = r.kind;
   char buf[2048];
@@ -198,12 +218,12 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
            "\"combine_ms\":%.3f,\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,"
            "\"intra_bytes\":%lld,\"inter_bytes\":%lld,\"inter_bytes_max_rank\":%lld,\"checked\":%d,"
            "\"wrong\":%lld%s}\n",
-           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens,
-           o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.pattern),
-           dedup.c_str(), balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters,
-           r.name.c_str(), r.plan, r.dispatch, r.combine, r.total, r.totalMin, gbs,
-           static_cast<long long>(r.intra), static_cast<long long>(r.inter),
-           static_cast<long long>(r.interMax), o_.check, static_cast<long long>(r.wrong),
+           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens, o_.hidden,
+           dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.pattern), dedup.c_str(),
+           balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters, r.name.c_str(), r.plan,
+           r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
+           static_cast<long long>(r.inter), static_cast<long long>(r.interMax), o_.check,
+           static_cast<long long>(r.wrong),
            cudaJson(r, diffs && c != kLimit && (c != kFusco || !o_.fuse)).c_str());
   return buf;
 }

@@ -94,13 +94,11 @@ namespace {
 // Each receiver tells each source where that source's rows land (its fan rows), so dispatch can
 // write the final rows directly when the receiver's buffer is reachable.
 fuscoResult_t exchangeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a) {
+  if (h.dedup == Dedup::Node) return exchangeNodeFanRows(comm, h, a);
   int n = comm->impl->nranks();
   std::vector<RowStream> s(n), r(n);
   h.remoteFanRows.assign(n, {});
-  const NodeMap& nodes = comm->impl->nodes();
   for (int p = 0; p < n; ++p) {
-    // Under NODE dedup rows from other nodes arrive through forwarders: nothing to tell them.
-    if (h.dedup == Dedup::Node && !nodes.sameNode(p, comm->impl->rank())) continue;
     s[p] = RowStream::flat(h.recv.fanRows[p].data(), h.recv.fanRows[p].size() * sizeof(int64_t));
     h.remoteFanRows[p].resize(h.send.kSlots[p].size());
     r[p] = RowStream::flat(h.remoteFanRows[p].data(), h.remoteFanRows[p].size() * sizeof(int64_t));

@@ -475,6 +475,11 @@ fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes
         s.ready = &LandedRows::bytesReady;
         s.readyCtx = &g;
         w.sends.push_back(s);
+        // Where those rows land in p's recvX: written there directly when p's buffer is mappable.
+        while (w.remoteDst.size() + 1 < w.sends.size()) w.remoteDst.push_back(RowStream());
+        const auto& fs = st.fwdFanStart[k * ls + lr];
+        if (p != me && fs.size() == rows.size() + 1)
+          w.remoteDst.push_back(RowStream::fanOut(nullptr, rowBytes, fs.data(), st.fwdFanRows[k * ls + lr].data(), rows.size()));
       }
       for (size_t j = 0; j < st.relayed.size(); ++j) {  // rows this rank relays for p
         if (st.segs[st.relayed[j]].src != p) continue;
@@ -484,8 +489,11 @@ fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes
       }
       for (const NodeInSeg& e : st.inFrom[p]) {
         const int src = st.segs[e.seg].src;
-        w.recvs.push_back(RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[src].data() + e.rowOffset,
-                                            h.recv.fanRows[src].data(), e.rows));
+        RowStream r = RowStream::fanOut(recvX, rowBytes, h.recv.fanStart[src].data() + e.rowOffset,
+                                        h.recv.fanRows[src].data(), e.rows);
+        r.layoutShared = true;  // the forwarder was told these fan rows
+        r.extent = h.recv.numRecvRows * rowBytes;
+        w.recvs.push_back(r);
       }
       continue;
     }

@@ -37,6 +37,10 @@ struct fuscoMoeHandle {
     std::vector<fusco::NodeFwdSeg> fwd;                  // segments this rank forwards
     std::vector<std::vector<fusco::NodeInSeg>> inFrom;   // [nranks] segments forwarded to this rank
     std::vector<size_t> relayed;  // segments this rank relays for a peer of its node, global order
+    // [k * localSize + lr]: where the rows of forwarded segment k land in local rank lr's recvX
+    // (its fan rows, CSR), so the forwarder writes them there directly when it can map it.
+    std::vector<std::vector<uint32_t>> fwdFanStart;
+    std::vector<std::vector<int64_t>> fwdFanRows;
   } node;
 
   // fuscoMemCuda comms: the plan's index lists on the device (one upload per plan, stream-ordered;
@@ -79,6 +83,10 @@ fuscoResult_t exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& 
 fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a, int balance,
                             const int64_t* topkIdx, std::vector<std::vector<int32_t>>* metaFrom,
                             ArgCheck* b);
+
+// NODE dedup's fan-row exchange between the ranks of a node: the RANK fan rows, then those of
+// every forwarded segment, so sources and forwarders can write final rows directly.
+fuscoResult_t exchangeNodeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a);
 
 // Copies the plan's index lists to the device (fuscoMemCuda comms), on `stream`.
 fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream);

@@ -56,16 +56,19 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   }
   FUSCO_CHECK(gatherNodeCounts(comm, a, mine, &all));
   // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
-  // hop, pipelined like the forwarder's).
-  planBalance(st.balance, nodes, all, st.balance == Balance::Greedy, &st.plan);
+  // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
+  // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
+  planBalance(st.balance, nodes, all, st.balance == Balance::Greedy, &st.plan,
+              static_cast<uint32_t>(paramInt("FUSCO_BALANCE_SLACK")));
   st.segs = nodeSegments(nodes, st.plan);
   if (me == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
     FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
                describeBalance(st.balance, st.plan).c_str());
   for (const NodeSegment& g : st.segs)
-    FUSCO_TRACE(kPlan, "fuscoMoePlan: segment src %d node %d route %d relay %d forwarder %d rows %llu+%llu",
-                g.src, g.node, g.route, g.relay, g.forwarder, static_cast<unsigned long long>(g.pos0),
-                static_cast<unsigned long long>(g.rows));
+    FUSCO_TRACE(
+        kPlan, "fuscoMoePlan: segment src %d node %d route %d relay %d forwarder %d rows %llu+%llu",
+        g.src, g.node, g.route, g.relay, g.forwarder, static_cast<unsigned long long>(g.pos0),
+        static_cast<unsigned long long>(g.rows));
   planNodeSend(nodes, me, h.send, st.segs, &st.send);
   st.relayed.clear();
   for (size_t i = 0; i < st.segs.size(); ++i)
@@ -92,6 +95,54 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
     b->status = fuscoRemoteError;
     b->message = threadLastError();
     st.inFrom.assign(n, {});
+  }
+  return fuscoSuccess;
+}
+
+fuscoResult_t exchangeNodeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a) {
+  Communicator& c = *comm->impl;
+  const NodeMap& nodes = c.nodes();
+  const int n = c.nranks(), me = c.rank();
+  auto& st = h.node;
+  const size_t nf = st.fwd.size(), ls = nodes.ranksOfNode[nodes.nodeOf[me]].size();
+  std::vector<std::vector<int64_t>> out(n), in(n);
+  std::vector<PeerWork> work(n);
+  h.remoteFanRows.assign(n, {});
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    if (!nodes.sameNode(p, me)) continue;  // rows from other nodes arrive through forwarders
+    out[p] = h.recv.fanRows[p];
+    for (const NodeInSeg& e : st.inFrom[p]) {
+      const int src = st.segs[e.seg].src;
+      if (e.rows == 0) continue;
+      const auto& fs = h.recv.fanStart[src];
+      out[p].insert(out[p].end(), h.recv.fanRows[src].begin() + fs[e.rowOffset],
+                    h.recv.fanRows[src].begin() + fs[e.rowOffset + e.rows]);
+    }
+    size_t expect = h.send.kSlots[p].size();
+    const int lr = nodes.localRankOf[p];
+    for (const NodeFwdSeg& f : st.fwd) expect += f.meta[lr].size() - f.rowsTo[lr].size();
+    in[p].resize(expect);
+    work[p].sends.push_back(RowStream::flat(out[p].data(), out[p].size() * sizeof(int64_t)));
+    work[p].recvs.push_back(RowStream::flat(in[p].data(), in[p].size() * sizeof(int64_t)));
+  }
+  FUSCO_CHECK(runMoeOp(comm, "fuscoMoePlan (fan rows)", a, work));
+  // Split what each rank of this node sent: its RANK fan rows, then per forwarded segment.
+  st.fwdFanStart.assign(nf * ls, {});
+  st.fwdFanRows.assign(nf * ls, {});
+  for (int p = 0; p < n; ++p) {
+    if (!nodes.sameNode(p, me) || in[p].empty()) continue;
+    const size_t rankPart = h.send.kSlots[p].size();
+    h.remoteFanRows[p].assign(in[p].begin(), in[p].begin() + rankPart);
+    size_t at = rankPart;
+    const int lr = nodes.localRankOf[p];
+    for (size_t k = 0; k < nf; ++k) {
+      const auto& meta = st.fwd[k].meta[lr];
+      auto& start = st.fwdFanStart[k * ls + lr];
+      start.assign(1, 0);
+      for (size_t w = 0; w < meta.size(); w += 1 + meta[w]) start.push_back(start.back() + meta[w]);
+      st.fwdFanRows[k * ls + lr].assign(in[p].begin() + at, in[p].begin() + at + start.back());
+      at += start.back();
+    }
   }
   return fuscoSuccess;
 }

@@ -31,6 +31,8 @@ const ParamDecl kParams[] = {
     {"FUSCO_CHUNK_BYTES", ParamType::Int, "0", "pipeline slice size in bytes (0: auto, 512 KiB)"},
     {"FUSCO_PIPELINE_DEPTH", ParamType::Int, "0", "slices in flight per peer (0: auto, 4)"},
     {"FUSCO_PLAN_TRACE", ParamType::Int, "0", "1: print one line per MoE plan (rows, bytes, dedup)"},
+    {"FUSCO_BALANCE_SLACK", ParamType::Int, "64",
+     "GREEDY balance: keep same-index rails within this many 1/1024 of the bound (no relay/split)"},
     {"FUSCO_SHM_ARENA_BYTES", ParamType::Int, "4294967296",
      "virtual size of each rank's shared arena for fuscoMemAlloc (pages are used on touch)"},
     {"FUSCO_SHM_DIRECT", ParamType::Int, "1",

@@ -240,8 +240,7 @@ void assignForwarders(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
 }
 
 void planGreedy(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                const std::vector<uint64_t>& total, bool allowRelay, BalancePlan* out) {
-  const uint64_t cap = out->lowerBound;
+                const std::vector<uint64_t>& total, bool allowRelay, uint64_t cap, BalancePlan* out) {
   std::vector<Piece> relayPieces;
   std::vector<char> hasRelay(nodes.nranks, 0);
   if (allowRelay) {
@@ -275,7 +274,7 @@ uint64_t staticMaxLoad(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo
 }  // namespace
 
 void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                 bool allowRelay, BalancePlan* out) {
+                 bool allowRelay, BalancePlan* out, uint32_t slack1024) {
   if (mode != Balance::None && mode != Balance::Static && mode != Balance::Greedy)
     throw std::invalid_argument("planBalance: mode is not NONE, STATIC or GREEDY");
   if (rowsTo.size() != static_cast<size_t>(nodes.nranks) * nodes.numNodes)
@@ -289,9 +288,16 @@ void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>
     planStatic(nodes, rowsTo, out);
     return;
   }
-  planGreedy(nodes, rowsTo, total, allowRelay, out);
+  // Any cap >= lowerBound is reached by the same argument (the top of this file).
+  const uint64_t cap = out->lowerBound + out->lowerBound * slack1024 / 1024;
+  const uint64_t staticMax = staticMaxLoad(nodes, rowsTo, total);
+  if (slack1024 > 0 && staticMax <= cap) {
+    planStatic(nodes, rowsTo, out);
+    return;
+  }
+  planGreedy(nodes, rowsTo, total, allowRelay, cap, out);
   // Cannot trigger while the proof above holds; a cheap guard for the "never worse" promise.
-  if (out->maxLoad > staticMaxLoad(nodes, rowsTo, total)) planStatic(nodes, rowsTo, out);
+  if (out->maxLoad > staticMax) planStatic(nodes, rowsTo, out);
 }
 
 const char* balanceName(Balance mode) {

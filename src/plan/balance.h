@@ -75,10 +75,13 @@ struct BalancePlan {
 // [in]  rowsTo: [nranks * numNodes] rows rank s sends to node N; entries for s's own node are
 //       ignored. A different size throws std::invalid_argument.
 // [in]  allowRelay: GREEDY may send part of a rank's rows through a local peer's NIC.
+// [in]  slack1024: GREEDY only; a relay or a split costs an extra hop or message, so with slack
+//       s > 0 GREEDY keeps STATIC's routes when their maxLoad is within lowerBound * (1 + s/1024)
+//       and otherwise fills each rail only up to that figure (fewer relays and splits). 0: exact.
 // [out] out: overwritten; its vectors' storage is reused, so a caller that keeps one BalancePlan
 //       across layers allocates nothing once sizes settle.
 void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                 bool allowRelay, BalancePlan* out);
+                 bool allowRelay, BalancePlan* out, uint32_t slack1024 = 0);
 
 // "NONE", "STATIC", "GREEDY" (or "?" for a value outside the enum).
 const char* balanceName(Balance mode);

@@ -72,8 +72,9 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeNodeShapes,
                                            NodeShape{6, 3}),
                          shapeName);
 
-// Slices smaller than a row: forwarders see rows land in pieces and must send each only once it
-// is whole; fp32 sums over many experts per node.
+// Slices smaller than a row: forwarders see rows land in pieces and must pass each on only once
+// it is whole (staged, and written straight into recvX from fuscoMemAlloc); fp32 sums over many
+// experts per node.
 TEST(MoeNode, SlicesSmallerThanARowForwardOnlyWholeRows) {
   const uint64_t seed = fusco::test::testSeed();
   runRanks(4, [seed](const RankCtx& ctx) {
@@ -86,7 +87,9 @@ TEST(MoeNode, SlicesSmallerThanARowForwardOnlyWholeRows) {
     c.numTokens = {21, 9, 17, 13};
     fuscoConfig_t cfg = commConfig(c);
     fuscoComm_t comm = initComm(ctx, &cfg);
-    nodeModesAgree(comm, ctx, c, seed, fuscoFloat32, 1800);  // 7200-byte rows
+    nodeModesAgree(comm, ctx, c, seed, fuscoFloat32, 1800);  // 7200-byte rows, staged
+    fusco::test::setMoeArenaBuffers(true);  // direct writes of rows as they land, in pieces
+    nodeModesAgree(comm, ctx, c, seed + 1, fuscoFloat32, 1800);
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
   });
 }
@@ -127,7 +130,10 @@ TEST(MoeNode, HeavySendersRelayThroughLocalPeersAndStayExact) {
     c.numTokens = {90, 60, 120, 30, 100, 70};
     fuscoConfig_t cfg = commConfig(c);
     fuscoComm_t comm = initComm(ctx, &cfg);
-    for (int rep = 0; rep < 2; ++rep) nodeModesAgree(comm, ctx, c, seed + rep, fuscoBfloat16, 1024);
+    for (int rep = 0; rep < 2; ++rep) {
+      fusco::test::setMoeArenaBuffers(rep == 1);  // rep 1: forwarders write final rows directly
+      nodeModesAgree(comm, ctx, c, seed + rep, fuscoBfloat16, 1024);
+    }
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
   });
 }

@@ -322,6 +322,31 @@ TEST(Balance, ImbalancedPatternRelaysToWithinTenPercentOfLowerBound) {
   EXPECT_EQ(line.find("relayed 0 "), std::string::npos) << line;
 }
 
+// With slack, GREEDY keeps STATIC's routes when they are close to the bound, and otherwise stops
+// filling rails at bound * (1 + slack) instead of the bound: fewer relays and splits.
+TEST(Balance, SlackKeepsStaticRoutesNearTheBoundAndCapsTheRestAtIt) {
+  const NodeMap nodes = makeNodes(16, 4);
+  std::vector<uint64_t> near(16 * 4), far(16 * 4);
+  for (int s = 0; s < 16; ++s)
+    for (int n = 0; n < 4; ++n) {
+      near[flowIndex(nodes, s, n)] = 1000 + (s * 7 + n * 3) % 40;  // within 4% of even
+      far[flowIndex(nodes, s, n)] = nodes.localRankOf[s] < 2 ? 300 : 100;
+    }
+  const BalancePlan st = plan(Balance::Static, nodes, near, true);
+  BalancePlan g;
+  planBalance(Balance::Greedy, nodes, near, true, &g, 64);
+  expectValidPlan(nodes, near, true, g);
+  EXPECT_EQ(g.routes, st.routes) << "within 1/16 of the bound: STATIC's routes";
+  EXPECT_LE(g.maxLoad * 1024, g.lowerBound * (1024 + 64));
+  BalancePlan exact = plan(Balance::Greedy, nodes, near, true);
+  EXPECT_EQ(exact.maxLoad, exact.lowerBound) << "slack 0 is exact";
+  EXPECT_NE(exact.routes, st.routes);
+  planBalance(Balance::Greedy, nodes, far, true, &g, 64);
+  expectValidPlan(nodes, far, true, g);
+  EXPECT_LE(g.maxLoad * 1024, g.lowerBound * (1024 + 64));
+  EXPECT_LT(g.maxLoad, plan(Balance::Static, nodes, far, true).maxLoad);
+}
+
 TEST(Balance, GreedyWithoutRelayNeverRelays) {
   const NodeMap nodes = makeNodes(32, 8);
   for (uint64_t seed = 1; seed <= 10; ++seed) {
