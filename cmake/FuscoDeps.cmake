@@ -44,3 +44,24 @@ if(NOT FUSCO_CUDA STREQUAL "OFF")
   endif()
 endif()
 fusco_option_check(FUSCO_CUDA FUSCO_HAVE_CUDA "the CUDA toolkit")
+
+# RDMA NIC discovery for the UCX transport's automatic rails (transport/ucx/ucx_nics.cc): libibverbs
+# lists the active ports, hwloc says where each NIC sits (PCI bus id, NUMA node). Without them the
+# transport leaves the choice to UCX, as it does when FUSCO_NET_DEVICES is empty.
+set(FUSCO_HAVE_IBVERBS OFF)
+if(NOT FUSCO_IBVERBS STREQUAL "OFF" AND PkgConfig_FOUND)
+  pkg_check_modules(IBVERBS IMPORTED_TARGET libibverbs)
+  if(IBVERBS_FOUND)
+    set(FUSCO_HAVE_IBVERBS ON)
+  endif()
+endif()
+fusco_option_check(FUSCO_IBVERBS FUSCO_HAVE_IBVERBS "libibverbs (libibverbs-dev)")
+
+set(FUSCO_HAVE_HWLOC OFF)
+if(NOT FUSCO_HWLOC STREQUAL "OFF" AND PkgConfig_FOUND)
+  pkg_check_modules(HWLOC IMPORTED_TARGET "hwloc>=2.0")
+  if(HWLOC_FOUND)
+    set(FUSCO_HAVE_HWLOC ON)
+  endif()
+endif()
+fusco_option_check(FUSCO_HWLOC FUSCO_HAVE_HWLOC "hwloc 2.x (libhwloc-dev)")

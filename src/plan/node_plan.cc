@@ -7,6 +7,9 @@ namespace fusco {
 
 std::vector<NodeSegment> nodeSegments(const NodeMap& nodes, const BalancePlan& plan) {
   std::vector<NodeSegment> segs;
+  size_t count = 0;
+  for (const auto& routes : plan.routes) count += routes.size();
+  segs.reserve(count);
   for (int s = 0; s < nodes.nranks; ++s) {
     for (int node = 0; node < nodes.numNodes; ++node) {
       const size_t at = static_cast<size_t>(s) * nodes.numNodes + node;

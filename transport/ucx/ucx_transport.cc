@@ -16,6 +16,7 @@
 #include "core/result.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_comm.h"
+#include "transport/ucx/ucx_nics.h"
 
 namespace fusco {
 
@@ -85,13 +86,21 @@ fuscoResult_t ucxSetupInto(UcxComm* c, const TransportContext& ctx, const std::v
   for (int r = 0; r < ctx.nranks; ++r) c->peers[r].info = (*ctx.peers)[r];
   for (int p : peers) initPeer(c, c->peers[p]);
   std::vector<std::string> devices = ucx::parseDevices(ctx.netDevices);
-  if (devices.empty()) devices.push_back("");  // one rail, UCX picks (UCX_NET_DEVICES honoured)
+  if (devices.empty()) {  // auto: this rank's share of the node's RDMA NICs, else UCX picks
+    int localSize = ctx.nodes->localSize(ctx.nodes->nodeOf[ctx.rank]);
+    ucx::AutoRails a = ucx::pickAutoRails(c->localRank, localSize);
+    devices = a.devices;
+    FUSCO_INFO(kUcx, "ucx: rank %d (local %d of %d, NUMA %d) rails %s (%s)", ctx.rank, c->localRank,
+               localSize, a.numa, ucx::joinDevices(devices).c_str(), a.why.c_str());
+    if (devices.empty()) devices.push_back("");  // one rail, UCX picks (UCX_NET_DEVICES honoured)
+  }
   c->rails.resize(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) FUSCO_CHECK(ucx::openRail(c, devices[i], &c->rails[i]));
   *blob = ucx::encodeBlob(c);
-  FUSCO_INFO(kUcx, "ucx: rank %d opened %zu rail(s) (%s) for %zu peers: %d x %zu-byte slots each way",
-             ctx.rank, c->rails.size(), ctx.netDevices.empty() ? "auto" : ctx.netDevices.c_str(),
-             peers.size(), c->depth, c->chunkBytes);
+  FUSCO_INFO(kUcx,
+             "ucx: rank %d opened %zu rail(s) (%s) for %zu peers: %d x %zu-byte slots each way",
+             ctx.rank, c->rails.size(), ucx::joinDevices(devices).c_str(), peers.size(), c->depth,
+             c->chunkBytes);
   return fuscoSuccess;
 }
 

@@ -1,0 +1,374 @@
+// perf/fusco_sim: a cluster-scale simulator that runs the REAL planner and balancer (src/plan) for
+// every rank of a simulated N nodes x G GPUs cluster, counts the bytes on every link per strategy
+// (fusco_sim_model.h) and turns them into predicted dispatch + combine times with a link model;
+// prints them next to the FUSCO paper's published EP64 figures, then times the planner and the
+// balancer at EP 64 / 256 / 1024. Every number of the model is a flag (--help).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fusco_sim_model.h"
+#include "fusco_sim_routing.h"
+#include "plan/node_plan.h"
+
+namespace fusco {
+namespace sim {
+namespace {
+
+struct Options {
+  int nodes = 8, gpus = 8, hidden = 7168, elemBytes = 2, topk = 8, experts = 256;
+  std::vector<size_t> tokens = {4096, 8192, 16384, 32768};
+  std::vector<SimPattern> patterns = {SimPattern::RealWorld, SimPattern::SingleNode,
+                                      SimPattern::Imbalanced, SimPattern::Zipf};
+  uint64_t seed = 1;
+  int maxNodes = 4;
+  double imbRatio = 3.0;
+  double zipfS = -1;  // < 0: each pattern's default
+  uint32_t slack = 64;
+  LinkModel link;
+  StrategyModel strat[kNumStrategies] = {
+      {0.67, HopMode::Flat, true, 10.0},        // nccl-like
+      {0.67, HopMode::Pipelined, true, 11.0},   // deepep-like
+      {0.50, HopMode::Sequential, false, 4.0},  // fusco-paper-like
+      {0.67, HopMode::Pipelined, false, 4.0}};  // fusco
+  std::vector<int> timeEps = {64, 256, 1024};
+  size_t timeTokens = 8192;
+  int timeReps = 5;
+};
+
+void usage() {
+  std::printf(
+      "fusco_sim: link-load simulation of MoE dispatch+combine with the real planner and balancer\n"
+      "  --nodes N (8) --gpus G (8) --hidden H (7168) --elem-bytes B (2, bf16) --topk K (8)\n"
+      "  --experts E (256; raised to a multiple of nodes*gpus)\n"
+      "  --tokens list (4096,8192,16384,32768: tokens per GPU)\n"
+      "  --patterns list (real-world,single-node,imbalanced,zipf) --seed S (1)\n"
+      "  --max-nodes M (4: nodes a token may span, real-world/imbalanced) --imb-ratio R (3)\n"
+      "  --zipf-s S (expert popularity exponent for every pattern; default per pattern: "
+      "real-world\n"
+      "    0.1, single-node 0, imbalanced 0.7, zipf 1.0)\n"
+      "  --slack S (64: fusco's GREEDY slack in 1/1024)\n"
+      "  --nic-gbs (50) --nvlink-gbs (170) --permute-gbs (500) --step-us (10) --slice-kb (512)\n"
+      "  --eff-nccl (0.67) --eff-deepep (0.67) --eff-paper (0.50) --eff-fusco (0.67): NIC "
+      "efficiency\n"
+      "  --fixed-nccl (10) --fixed-deepep (11) --fixed-paper (4) --fixed-fusco (4): ms per layer\n"
+      "  --time-eps list (64,256,1024; empty or 0: skip) --time-tokens T (8192) --time-reps R "
+      "(5)\n");
+}
+
+template <typename T, typename F>
+std::vector<T> parseList(const char* s, F conv) {
+  std::vector<T> out;
+  std::string cur;
+  for (const char* p = s;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!cur.empty()) out.push_back(conv(cur));
+      cur.clear();
+      if (*p == 0) break;
+    } else {
+      cur += *p;
+    }
+  }
+  return out;
+}
+
+bool parseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage();
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "fusco_sim: %s needs a value (--help)\n", a.c_str());
+      return false;
+    }
+    const char* v = argv[++i];
+    const double d = std::atof(v);
+    auto toSize = [](const std::string& x) { return static_cast<size_t>(std::stoull(x)); };
+    if (a == "--nodes")
+      o->nodes = std::atoi(v);
+    else if (a == "--gpus")
+      o->gpus = std::atoi(v);
+    else if (a == "--hidden")
+      o->hidden = std::atoi(v);
+    else if (a == "--elem-bytes")
+      o->elemBytes = std::atoi(v);
+    else if (a == "--topk")
+      o->topk = std::atoi(v);
+    else if (a == "--experts")
+      o->experts = std::atoi(v);
+    else if (a == "--tokens")
+      o->tokens = parseList<size_t>(v, toSize);
+    else if (a == "--seed")
+      o->seed = std::strtoull(v, nullptr, 10);
+    else if (a == "--max-nodes")
+      o->maxNodes = std::atoi(v);
+    else if (a == "--imb-ratio")
+      o->imbRatio = d;
+    else if (a == "--zipf-s")
+      o->zipfS = d;
+    else if (a == "--slack")
+      o->slack = static_cast<uint32_t>(std::atoi(v));
+    else if (a == "--nic-gbs")
+      o->link.nicGBs = d;
+    else if (a == "--nvlink-gbs")
+      o->link.nvlinkGBs = d;
+    else if (a == "--permute-gbs")
+      o->link.permuteGBs = d;
+    else if (a == "--step-us")
+      o->link.stepUs = d;
+    else if (a == "--slice-kb")
+      o->link.sliceKB = d;
+    else if (a == "--eff-nccl")
+      o->strat[0].nicEff = d;
+    else if (a == "--eff-deepep")
+      o->strat[1].nicEff = d;
+    else if (a == "--eff-paper")
+      o->strat[2].nicEff = d;
+    else if (a == "--eff-fusco")
+      o->strat[3].nicEff = d;
+    else if (a == "--fixed-nccl")
+      o->strat[0].fixedMs = d;
+    else if (a == "--fixed-deepep")
+      o->strat[1].fixedMs = d;
+    else if (a == "--fixed-paper")
+      o->strat[2].fixedMs = d;
+    else if (a == "--fixed-fusco")
+      o->strat[3].fixedMs = d;
+    else if (a == "--time-eps")
+      o->timeEps = parseList<int>(v, [](const std::string& x) { return std::stoi(x); });
+    else if (a == "--time-tokens")
+      o->timeTokens = toSize(v);
+    else if (a == "--time-reps")
+      o->timeReps = std::atoi(v);
+    else if (a == "--patterns") {
+      o->patterns.clear();
+      for (const std::string& n :
+           parseList<std::string>(v, [](const std::string& x) { return x; })) {
+        SimPattern p;
+        if (!parseSimPattern(n.c_str(), &p)) {
+          std::fprintf(stderr, "fusco_sim: unknown pattern '%s'\n", n.c_str());
+          return false;
+        }
+        o->patterns.push_back(p);
+      }
+    } else {
+      std::fprintf(stderr, "fusco_sim: unknown flag %s (--help)\n", a.c_str());
+      return false;
+    }
+  }
+  const int nranks = o->nodes * o->gpus;
+  if (o->nodes < 1 || o->gpus < 1 || nranks > 4096 || o->topk < 1 || o->hidden < 1) {
+    std::fprintf(stderr, "fusco_sim: need 1 <= nodes * gpus <= 4096, topk >= 1, hidden >= 1\n");
+    return false;
+  }
+  if (o->experts % nranks != 0) o->experts = (o->experts / nranks + 1) * nranks;
+  if (o->topk > o->experts) {
+    std::fprintf(stderr, "fusco_sim: topk %d > experts %d\n", o->topk, o->experts);
+    return false;
+  }
+  return true;
+}
+
+NodeMap makeNodes(int nodes, int gpus) {
+  return buildNodeMap(std::vector<std::string>(static_cast<size_t>(nodes) * gpus, "host"), gpus);
+}
+
+// The FUSCO paper's published EP64 (8 x 8) dispatch+combine ms (NCCL, DeepEP, FUSCO); 16k tokens
+// only. Other cluster shapes print n/a.
+bool paperMs(int nodes, int gpus, SimPattern p, size_t tokens, double out[3]) {
+  if (tokens != 16384 || nodes != 8 || gpus != 8) return false;
+  static const double kReal[3] = {143.6, 116.1, 86.8}, kSingle[3] = {150.1, 81.8, 41.0},
+                      kImb[3] = {339.3, 216.2, 151.3};
+  const double* src = p == SimPattern::RealWorld    ? kReal
+                      : p == SimPattern::SingleNode ? kSingle
+                      : p == SimPattern::Imbalanced ? kImb
+                                                    : nullptr;
+  if (!src) return false;
+  std::copy(src, src + 3, out);
+  return true;
+}
+
+double mb(uint64_t b) { return static_cast<double>(b) / 1e6; }
+
+void simulate(const Options& o, SimPattern pat, size_t tokens) {
+  const int nranks = o.nodes * o.gpus;
+  const NodeMap nodes = makeNodes(o.nodes, o.gpus);
+  MoeShape shape;
+  buildMoeShape(nranks, o.experts, nullptr, 1, &shape);
+  SimRoutingSpec rs;
+  rs.nodes = o.nodes;
+  rs.gpus = o.gpus;
+  rs.numExperts = o.experts;
+  rs.topk = o.topk;
+  rs.tokens = tokens;
+  rs.seed = o.seed;
+  rs.pattern = pat;
+  rs.maxNodes = o.maxNodes;
+  rs.imbRatio = o.imbRatio;
+  rs.zipfS = o.zipfS;
+  const SimRouter router(rs);
+  AccountSpec as;
+  as.tokens = tokens;
+  as.topk = o.topk;
+  as.rowBytes = static_cast<size_t>(o.hidden) * o.elemBytes;
+  as.slack1024 = o.slack;
+  Accounting acc;
+  const auto t0 = std::chrono::steady_clock::now();
+  accountCluster(
+      shape, nodes, [&](int r, std::vector<int64_t>* idx) { router.route(r, idx); }, as, &acc);
+  const double simS = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double lb = lowerBoundMs(acc.netCopies, as.rowBytes, nranks, o.link);
+  double paper[3];
+  const bool havePaper = paperMs(o.nodes, o.gpus, pat, tokens, paper);
+  std::printf(
+      "\n## %s, %zu tokens/GPU: network copies %.1f per token (flat remote rows %.1f), "
+      "line-rate bound %.1f ms (simulated in %.1f s)\n",
+      simPatternName(pat), tokens, static_cast<double>(acc.netCopies) / (nranks * tokens),
+      static_cast<double>(acc.flatRemoteRows) / (nranks * tokens), lb, simS);
+  std::printf("%-17s %8s %8s %8s %7s %7s %7s  %-16s %9s %6s %8s %6s  %s\n", "strategy", "disp ms",
+              "comb ms", "total ms", "inter", "intra", "perm", "busiest link", "MB", "vs LB",
+              "paper", "pred/p", "balance max/lb rows");
+  double total[kNumStrategies];
+  for (int st = 0; st < kNumStrategies; ++st) {
+    const PhaseTime d = phaseTime(acc.links[st], false, o.link, o.strat[st]);
+    const PhaseTime c = phaseTime(acc.links[st], true, o.link, o.strat[st]);
+    total[st] = d.ms + c.ms + o.strat[st].fixedMs;
+    char paperCol[32] = "n/a", ratioCol[32] = "n/a", balCol[64] = "-";
+    const int pi = st == 0 ? 0 : st == 1 ? 1 : 2;  // fusco-paper-like and fusco vs paper FUSCO
+    if (havePaper) {
+      std::snprintf(paperCol, sizeof paperCol, "%.1f", paper[pi]);
+      std::snprintf(ratioCol, sizeof ratioCol, "%.2f", total[st] / paper[pi]);
+    }
+    if (st > 0)
+      std::snprintf(balCol, sizeof balCol, "%llu/%llu",
+                    static_cast<unsigned long long>(acc.balance[st].maxLoad),
+                    static_cast<unsigned long long>(acc.balance[st].lowerBound));
+    std::printf("%-17s %8.1f %8.1f %8.1f %7.1f %7.1f %7.1f  %-16s %9.1f %6.2f %8s %6s  %s\n",
+                strategyName(static_cast<Strategy>(st)), d.ms, c.ms, total[st], d.interMs,
+                d.intraMs, d.permMs, d.busiest.c_str(), mb(d.busiestBytes), total[st] / lb,
+                paperCol, ratioCol, balCol);
+  }
+  std::printf("# ratios: nccl-like/fusco-paper-like %.2f", total[0] / total[2]);
+  if (havePaper) std::printf(" (paper NCCL/FUSCO %.2f)", paper[0] / paper[2]);
+  std::printf(", deepep-like/fusco-paper-like %.2f", total[1] / total[2]);
+  if (havePaper) std::printf(" (paper DeepEP/FUSCO %.2f)", paper[1] / paper[2]);
+  std::printf(", fusco-paper-like/fusco %.2f, nccl-like/fusco %.2f\n", total[2] / total[3],
+              total[0] / total[3]);
+}
+
+double medianMs(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Planner (planSend RANK + nodeTokensOf + planNodeSend for one rank) and balancer (planBalance
+// GREEDY with relays, and the paper's) per layer at EP = ep, 8 GPUs per node, real-world routing.
+void timePlanner(const Options& o, int ep) {
+  const int gpus = std::min(o.gpus, ep);
+  const int nodesN = ep / gpus;
+  const int experts = o.experts % ep == 0 ? o.experts : (o.experts / ep + 1) * ep;
+  const NodeMap nodes = makeNodes(nodesN, gpus);
+  MoeShape shape;
+  buildMoeShape(ep, experts, nullptr, 1, &shape);
+  SimRoutingSpec rs;
+  rs.nodes = nodesN;
+  rs.gpus = gpus;
+  rs.numExperts = experts;
+  rs.topk = o.topk;
+  rs.tokens = o.timeTokens;
+  rs.seed = o.seed;
+  rs.maxNodes = o.maxNodes;
+  const SimRouter router(rs);
+  // Counts of every rank (what the all-gather delivers), then the plan of rank 0.
+  std::vector<uint64_t> rowsTo(static_cast<size_t>(ep) * nodesN, 0);
+  std::vector<int64_t> idx;
+  std::vector<std::vector<int64_t>> nt;
+  for (int s = 0; s < ep; ++s) {
+    router.route(s, &idx);
+    nodeTokensOf(shape, nodes, idx.data(), o.timeTokens, o.topk, &nt);
+    for (int n = 0; n < nodesN; ++n)
+      if (n != nodes.nodeOf[s]) rowsTo[static_cast<size_t>(s) * nodesN + n] = nt[n].size();
+  }
+  router.route(0, &idx);
+  MoeSendPlan plan;
+  NodeSendPlan nsp;
+  BalancePlan bp, pp;
+  std::vector<NodeSegment> segs;
+  std::vector<double> tSend, tSegs, tNode, tBal, tPaper;
+  using clk = std::chrono::steady_clock;
+  auto ms = [](clk::time_point a, clk::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  for (int rep = 0; rep < std::max(1, o.timeReps); ++rep) {
+    const auto a = clk::now();
+    planSendInto(shape, 0, idx.data(), o.timeTokens, o.topk, Dedup::Rank, &plan);
+    const auto b = clk::now();
+    planBalance(Balance::Greedy, nodes, rowsTo, true, &bp, o.slack);
+    const auto c = clk::now();
+    segs = nodeSegments(nodes, bp);
+    const auto c2 = clk::now();
+    nodeTokensOf(shape, nodes, idx.data(), o.timeTokens, o.topk, &nsp.nodeTokens);
+    planNodeSend(nodes, 0, plan, segs, &nsp);
+    const auto d = clk::now();
+    paperBalance(nodes, rowsTo, &pp);
+    const auto e = clk::now();
+    tSend.push_back(ms(a, b));
+    tBal.push_back(ms(b, c));
+    tSegs.push_back(ms(c, c2));
+    tNode.push_back(ms(c2, d));
+    tPaper.push_back(ms(d, e));
+  }
+  std::printf(
+      "EP %4d (%3d x %d, %4d experts, %zu tokens/GPU): planSend(RANK) %7.3f ms, "
+      "nodeTokensOf+planNodeSend %7.3f ms, nodeSegments %7.3f ms, planBalance(GREEDY) "
+      "%7.3f ms, paperBalance %7.3f ms\n#   %s\n",
+      ep, nodesN, gpus, experts, o.timeTokens, medianMs(tSend), medianMs(tNode), medianMs(tSegs),
+      medianMs(tBal), medianMs(tPaper), describeBalance(Balance::Greedy, bp).c_str());
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  if (!parseArgs(argc, argv, &o)) return 2;
+  const int nranks = o.nodes * o.gpus;
+  std::printf(
+      "# fusco_sim: %d nodes x %d GPUs (EP %d), %d experts (%d per GPU), top-%d, hidden %d "
+      "x %d B (row %d B), seed %llu\n",
+      o.nodes, o.gpus, nranks, o.experts, o.experts / nranks, o.topk, o.hidden, o.elemBytes,
+      o.hidden * o.elemBytes, static_cast<unsigned long long>(o.seed));
+  std::printf(
+      "# link model: NIC %.0f GB/s per GPU x efficiency (nccl-like %.2f, deepep-like %.2f, "
+      "fusco-paper-like %.2f, fusco %.2f), NVLink %.0f GB/s, permute pass %.0f GB/s, "
+      "%.0f us per step, slice %.0f KiB\n",
+      o.link.nicGBs, o.strat[0].nicEff, o.strat[1].nicEff, o.strat[2].nicEff, o.strat[3].nicEff,
+      o.link.nvlinkGBs, o.link.permuteGBs, o.link.stepUs, o.link.sliceKB);
+  std::printf(
+      "# fixed ms per layer: nccl-like %.1f, deepep-like %.1f, fusco-paper-like %.1f, "
+      "fusco %.1f; fusco GREEDY slack %u/1024; routing: max %d nodes per token, "
+      "imbalanced heavy/light %.1f\n",
+      o.strat[0].fixedMs, o.strat[1].fixedMs, o.strat[2].fixedMs, o.strat[3].fixedMs, o.slack,
+      o.maxNodes, o.imbRatio);
+  std::printf(
+      "# phase time = busiest link's bytes / its bandwidth per hop; nccl-like: one flat "
+      "step + permute passes; deepep-like: hops overlapped + permute passes; "
+      "fusco-paper-like: hops sequential; fusco: hops pipelined (+1 slice). "
+      "inter/intra/perm = dispatch's hop times; pred/p = total / paper; vs LB = total / "
+      "line-rate bound\n");
+  for (SimPattern p : o.patterns)
+    for (size_t t : o.tokens) simulate(o, p, t);
+  std::printf("\n## planner and balancer time per layer (host, median of %d)\n", o.timeReps);
+  for (int ep : o.timeEps)
+    if (ep > 0) timePlanner(o, ep);
+  return 0;
+}
+
+}  // namespace
+}  // namespace sim
+}  // namespace fusco
+
+int main(int argc, char** argv) { return fusco::sim::run(argc, argv); }
