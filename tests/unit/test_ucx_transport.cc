@@ -102,9 +102,20 @@ struct Env {
   fusco::TransportComm* tc = nullptr;
   int up = -1, down = -1;
 
+  // Keeps stepping the transport while it waits, as the engine does: a message this rank posted
+  // last may still need its sender's progress (UCX rendezvous) while a peer waits for it.
   bool barrier() {
     char b = 'B', g = 0;
-    return writeAll(up, &b, 1) && readAll(down, &g, 1, Deadline(kTimeoutMs)) && g == 'G';
+    if (!writeAll(up, &b, 1)) return false;
+    Deadline d(kTimeoutMs);
+    while (!d.expired()) {
+      pollfd pf{down, POLLIN, 0};
+      int r = poll(&pf, 1, 1);
+      if (r < 0 && errno != EINTR) return false;
+      if (r > 0) return readAll(down, &g, 1, d) && g == 'G';
+      if (tc != nullptr) kUcxTransport.progress(tc);
+    }
+    return false;
   }
 };
 
