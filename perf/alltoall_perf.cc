@@ -27,6 +27,7 @@
 #include "cuda_mem.h"
 #include "fusco.h"
 #include "launcher.h"
+#include "perf_rng.h"
 
 namespace {
 
@@ -143,12 +144,7 @@ int parseArgs(int argc, char** argv, Options* o) {
   return 0;
 }
 
-uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using fusco::perf::mix64;
 
 // The bits rank src sends to rank dst as element i (truncated to the type's size).
 inline uint64_t elementValue(uint64_t seed, int src, int dst, size_t i) {

@@ -6,26 +6,17 @@
 #include <numeric>
 #include <random>
 
+#include "perf_rng.h"
+
 namespace fusco {
 namespace sim {
 
 namespace {
 
-uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using perf::mix64;
 
 // splitmix64 stream: fast, and plenty for routing draws.
-uint64_t next(uint64_t* s) {
-  *s += 0x9e3779b97f4a7c15ULL;
-  uint64_t x = *s;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+uint64_t next(uint64_t* s) { return perf::splitmixNext(s); }
 
 double uniform(uint64_t* s) { return static_cast<double>(next(s) >> 11) * 0x1.0p-53; }
 

@@ -7,18 +7,12 @@
 #include <random>
 
 #include "device/reduce.h"
+#include "perf_rng.h"
 
 namespace fusco {
 namespace perf {
 
 namespace {
-
-uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // A discrete distribution over a candidate list (cumulative weights, binary search per draw).
 struct Sampler {

@@ -125,13 +125,13 @@ fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream) {
   return fuscoSuccess;
 }
 
-fuscoResult_t deviceDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX, const ArgCheck& a,
+fuscoResult_t deviceDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
                              void* stream, std::vector<PeerWork>* work) {
   Communicator& c = *h.comm->impl;
   const int n = c.nranks();
+  if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
+  if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
   if (a.status == fuscoSuccess) {
-    FUSCO_CHECK(c.useDevice());
-    FUSCO_CHECK(h.devBuffer.waitUploaded(stream));
     for (int p = 0; p < n; ++p) {
       const size_t rows = h.send.rows[p].size();
       auto& w = (*work)[p];
@@ -142,27 +142,26 @@ fuscoResult_t deviceDispatch(fuscoMoeHandle& h, const void* x, size_t rowBytes, 
       r.extent = h.recv.numRecvRows * rowBytes;
       w.recvs.push_back(r);
     }
-    FUSCO_CHECK(deviceZeroRows(recvX, rowBytes, h.dev.paddingRows, h.recv.paddingRows.size(), stream));
+    joinFailure(deviceZeroRows(recvX, rowBytes, h.dev.paddingRows, h.recv.paddingRows.size(), stream), &a);
   }
   return runMoeOp(h.comm, "fuscoMoeDispatch", a, *work, false, stream, true);
 }
 
 fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
-                            const float* topkWeights, void* out, const ArgCheck& a, void* stream) {
+                            const float* topkWeights, void* out, ArgCheck a, void* stream,
+                            std::vector<PeerWork>* workOut) {
   Communicator& c = *h.comm->impl;
   const int n = c.nranks();
   const size_t rowOut = hidden * dataTypeSize(dt);
-  if (a.status == fuscoSuccess) {
-    FUSCO_CHECK(c.useDevice());
-    FUSCO_CHECK(h.devBuffer.waitUploaded(stream));
-  }
+  if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
+  if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
   // 1. RANK: the routing weights to the expert side (ones when the caller passes none).
   char* weights = nullptr;
   std::vector<size_t> wAt(n, 0);
   if (h.dedup != Dedup::None) {
     size_t total = 0;
     for (int p = 0; p < n; ++p) wAt[p] = total, total += h.recv.fanRows[p].size() * sizeof(float);
-    if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kWeightScratch, total, &weights));
+    weights = joinScratch(c, kWeightScratch, total, &a);
     std::vector<PeerWork> work(n);
     const float* w = topkWeights ? topkWeights : h.dev.ones;
     for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
@@ -174,10 +173,9 @@ fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataT
   // 2. One partial (RANK) or raw row (NONE) per received row, straight into the source's landing.
   size_t landingBytes = 0;
   for (int p = 0; p < n; ++p) landingBytes += h.send.rows[p].size() * rowOut;
-  char* landing = nullptr;
-  if (a.status == fuscoSuccess && landingBytes > 0) FUSCO_CHECK(c.scratch(kLandingScratch, landingBytes, &landing));
+  char* landing = joinScratch(c, kLandingScratch, landingBytes, &a);
   std::vector<DevProducer> producers(n);
-  std::vector<PeerWork> work(n);
+  std::vector<PeerWork>& work = *workOut;
   size_t at = 0;
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
     const size_t back = h.recv.rowsFrom(p);

@@ -33,6 +33,19 @@ fuscoResult_t fusco::runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck
   return runOp(c, op);
 }
 
+void fusco::joinFailure(fuscoResult_t r, ArgCheck* a) {
+  if (r == fuscoSuccess || a->status != fuscoSuccess) return;
+  a->status = r;
+  a->message = threadLastError();
+}
+
+char* fusco::joinScratch(Communicator& c, int slot, size_t bytes, ArgCheck* a) {
+  char* p = nullptr;
+  if (a->status != fuscoSuccess || bytes == 0) return nullptr;
+  joinFailure(c.scratch(slot, bytes, &p), a);
+  return a->status == fuscoSuccess ? p : nullptr;
+}
+
 namespace {
 
 enum ScratchSlot { kLandingScratch = 1, kStagingScratch = 2 };
@@ -44,6 +57,11 @@ struct Traffic {
     if (c.nodes().sameNode(c.rank(), peer)) intraRows += rows, intraBytes += bytes;
     else interRows += rows, interBytes += bytes;
   }
+  // Every message this rank sends in an operation, as rows of rowBytes each.
+  void addSends(const Communicator& c, const std::vector<PeerWork>& work, size_t rowBytes) {
+    for (size_t p = 0; p < work.size(); ++p)
+      for (const RowStream& s : work[p].sends) add(c, static_cast<int>(p), s.bytes() / rowBytes, s.bytes());
+  }
 };
 
 size_t rowsToSend(const fuscoMoeHandle& h) {
@@ -54,40 +72,17 @@ size_t rowsToSend(const fuscoMoeHandle& h) {
 
 bool nodeDedup(const fuscoMoeHandle& h) { return h.dedup == Dedup::Node; }
 
-// Rows this rank puts on its pair with p in dispatch: under NODE dedup, RANK rows and forwarded
-// rows to the ranks of its node, one row per (token, segment) to forwarders elsewhere.
-size_t dispatchRowsTo(const fuscoMoeHandle& h, const Communicator& c, int p) {
-  if (!nodeDedup(h)) return h.send.rows[p].size();
-  const auto& st = h.node;
-  size_t rows = 0;
-  const int me = c.rank();
-  if (c.nodes().sameNode(p, me)) {
-    rows = h.send.rows[p].size();
-    for (const NodeFwdSeg& f : st.fwd) rows += f.rowsTo[c.nodes().localRankOf[p]].size();
-    for (size_t i : st.send.segs)
-      if (st.segs[i].relay == p && p != me) rows += st.segs[i].rows;
-  } else {
-    for (const NodeSegment& g : st.segs)
-      if (g.relay == me && g.forwarder == p) rows += g.rows;
+// The network side of NODE dedup's pair with remote rank p, in global segment order: fn(g, j) for
+// every segment crossing between this rank's NIC and forwarder p; j is g's index in st.relayed
+// when this rank relays g for a peer of its node, -1 when g is this rank's own.
+template <typename Fn>
+void forEachSegmentViaNic(const fuscoMoeHandle::NodeState& st, int me, int p, Fn fn) {
+  for (size_t i = 0, j = 0; i < st.segs.size(); ++i) {
+    const NodeSegment& g = st.segs[i];
+    const bool relayed = g.relay == me && g.src != me;
+    if (g.relay == me && g.forwarder == p) fn(g, relayed ? static_cast<ptrdiff_t>(j) : ptrdiff_t{-1});
+    j += relayed;
   }
-  return rows;
-}
-
-// Rows this rank returns on its pair with p in combine (partials, or node sums as a forwarder).
-size_t combineRowsTo(const fuscoMoeHandle& h, const Communicator& c, int p) {
-  if (!nodeDedup(h)) return h.recv.rowsFrom(p);
-  const auto& st = h.node;
-  size_t rows = 0;
-  if (c.nodes().sameNode(p, c.rank())) {
-    rows = h.recv.rowsFrom(p);
-    for (const NodeInSeg& e : st.inFrom[p]) rows += e.rows;
-    for (size_t i : st.relayed)
-      if (st.segs[i].src == p) rows += st.segs[i].rows;
-  } else {
-    for (const NodeFwdSeg& f : st.fwd)
-      if (st.segs[f.seg].relay == p) rows += st.segs[f.seg].rows;
-  }
-  return rows;
 }
 
 // Writes bytes [off, off + len) of a stream of rows computed column-wise by columns(row, col0,
@@ -243,11 +238,12 @@ fuscoResult_t shipWeights(fuscoMoeHandle& h, const float* topkWeights, const Arg
 }
 
 fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
-                          const float* topkWeights, void* out, const ArgCheck& a);
+                          const float* topkWeights, void* out, ArgCheck a, std::vector<PeerWork>* work);
 
+// Combine on a host comm; *work: the partial rows' operation (what this rank sent).
 fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
-                      const float* topkWeights, void* out, const ArgCheck& a) {
-  if (nodeDedup(h)) return combineNode(h, expertOut, dt, hidden, topkWeights, out, a);
+                      const float* topkWeights, void* out, ArgCheck a, std::vector<PeerWork>* workOut) {
+  if (nodeDedup(h)) return combineNode(h, expertOut, dt, hidden, topkWeights, out, a, workOut);
   Communicator& c = *h.comm->impl;
   int n = c.nranks();
   const size_t elem = dataTypeSize(dt), rowOut = hidden * elem;
@@ -256,10 +252,9 @@ fuscoResult_t combine(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t 
   std::vector<char*> landing(n, nullptr);
   size_t total = 0;
   for (int p = 0; p < n; ++p) total += h.send.rows[p].size() * rowOut;
-  char* base = nullptr;
-  if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kLandingScratch, total, &base));
+  char* base = joinScratch(c, kLandingScratch, total, &a);
   std::vector<PartialSource> sources(n);
-  std::vector<PeerWork> work(n);
+  std::vector<PeerWork>& work = *workOut;
   size_t at = 0;
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
     size_t back = h.recv.rowsFrom(p);
@@ -318,7 +313,7 @@ struct NodeSumSource {
 // network, to the segment's relay, as soon as its partials have landed; a relay passes node sums
 // on to their source as they land; the source adds the nodes.
 fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
-                          const float* topkWeights, void* out, const ArgCheck& a) {
+                          const float* topkWeights, void* out, ArgCheck a, std::vector<PeerWork>* workOut) {
   Communicator& c = *h.comm->impl;
   const NodeMap& nodes = c.nodes();
   const int n = c.nranks(), me = c.rank(), myNode = nodes.nodeOf[me];
@@ -335,8 +330,7 @@ fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataTyp
   for (const NodeFwdSeg& f : st.fwd)
     for (const auto& rows : f.rowsTo) total += rows.size() * rowOut;
   for (size_t i : st.relayed) total += st.segs[i].rows * rowOut;
-  char* base = nullptr;
-  if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kLandingScratch, total, &base));
+  char* base = joinScratch(c, kLandingScratch, total, &a);
   size_t at = 0;
   auto carve = [&](size_t bytes) { char* p = base + at; at += bytes; return p; };
   std::vector<char*> landing(n, nullptr), nodeLanding(nodes.numNodes, nullptr), part(nf * ls, nullptr);
@@ -347,7 +341,7 @@ fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataTyp
   size_t numSources = n;
   for (int p = 0; p < n; ++p) numSources += st.inFrom[p].size();
   sources.reserve(numSources);  // streams point into it
-  std::vector<PeerWork> work(n);
+  std::vector<PeerWork>& work = *workOut;
   for (int p = 0; p < n && base != nullptr; ++p)
     if (nodes.sameNode(p, me)) landing[p] = carve(h.send.rows[p].size() * rowOut);
   for (int node = 0; node < nodes.numNodes && base != nullptr; ++node)
@@ -400,17 +394,11 @@ fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataTyp
       s.readyCtx = &ns;
       w.sends.push_back(s);
     }
-    for (size_t i = 0, j = 0; i < st.segs.size(); ++i) {  // segments returning through this NIC
-      const NodeSegment& g = st.segs[i];
-      const bool relayed = g.relay == me && g.src != me;
-      if (g.relay == me && g.forwarder == p) {
-        RowStream r = RowStream::flat(relayed ? relaySums[j] : nodeLanding[g.node] + g.pos0 * rowOut,
-                                      g.rows * rowOut);
-        if (relayed) r.landed = &relayLanded[j];
-        w.recvs.push_back(r);
-      }
-      j += relayed;
-    }
+    forEachSegmentViaNic(st, me, p, [&](const NodeSegment& g, ptrdiff_t j) {  // returning node sums
+      RowStream r = RowStream::flat(j >= 0 ? relaySums[j] : nodeLanding[g.node] + g.pos0 * rowOut, g.rows * rowOut);
+      if (j >= 0) r.landed = &relayLanded[j];
+      w.recvs.push_back(r);
+    });
   }
   FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, true));
   finalSum(h, c, dt, rowOut, hidden, topkWeights, landing, &nodeLanding, out);
@@ -436,7 +424,7 @@ void addRankDispatch(const fuscoMoeHandle& h, int p, const void* x, size_t rowBy
 // network, the rows of every segment this rank relays (its own, read from x, and those a peer
 // handed it, passed on as they land) to their forwarders, landing in staging rows.
 fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes, void* recvX,
-                               const ArgCheck& a, std::vector<PeerWork>* work) {
+                               ArgCheck a, std::vector<PeerWork>* work) {
   Communicator& c = *h.comm->impl;
   const NodeMap& nodes = c.nodes();
   const int n = h.shape.nranks, me = c.rank();
@@ -447,8 +435,7 @@ fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes
   size_t total = 0;
   for (const NodeFwdSeg& f : st.fwd) total += st.segs[f.seg].rows * rowBytes;
   for (size_t i : st.relayed) total += st.segs[i].rows * rowBytes;
-  char* base = nullptr;
-  if (a.status == fuscoSuccess && total > 0) FUSCO_CHECK(c.scratch(kStagingScratch, total, &base));
+  char* base = joinScratch(c, kStagingScratch, total, &a);
   size_t at = 0;
   for (size_t k = 0; k < nf && base != nullptr; at += st.segs[st.fwd[k].seg].rows * rowBytes, ++k) staging[k] = base + at;
   for (size_t j = 0; j < st.relayed.size() && base != nullptr; at += st.segs[st.relayed[j]].rows * rowBytes, ++j)
@@ -497,21 +484,16 @@ fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes
       }
       continue;
     }
-    for (size_t i = 0, j = 0; i < st.segs.size(); ++i) {  // segments leaving through this NIC
-      const NodeSegment& g = st.segs[i];
-      const bool relayed = g.relay == me && g.src != me;
-      if (g.relay == me && g.forwarder == p) {
-        if (!relayed) {
-          w.sends.push_back(RowStream::indexed(x, rowBytes, st.send.nodeTokens[g.node].data() + g.pos0, g.rows));
-        } else {
-          RowStream s = RowStream::flat(relayRows[j], g.rows * rowBytes);
-          s.ready = &landedBytes;
-          s.readyCtx = &relayLanded[j];
-          w.sends.push_back(s);
-        }
+    forEachSegmentViaNic(st, me, p, [&](const NodeSegment& g, ptrdiff_t j) {  // leaving rows
+      if (j < 0) {
+        w.sends.push_back(RowStream::indexed(x, rowBytes, st.send.nodeTokens[g.node].data() + g.pos0, g.rows));
+        return;
       }
-      j += relayed;
-    }
+      RowStream s = RowStream::flat(relayRows[j], g.rows * rowBytes);
+      s.ready = &landedBytes;
+      s.readyCtx = &relayLanded[j];
+      w.sends.push_back(s);
+    });
     for (size_t k = 0; k < nf; ++k) {
       const NodeSegment& g = st.segs[st.fwd[k].seg];
       if (g.relay != p) continue;
@@ -559,16 +541,13 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     checkDevicePtr(comm, recvX, "fuscoMoeDispatch", "recvX", &a);
     int n = c.nranks();
     std::vector<PeerWork> work(n);
-    Traffic traffic;
-    for (int p = 0; p < n; ++p) {
-      const size_t rows = dispatchRowsTo(h, c, p);
-      traffic.add(c, p, rows, rows * rowBytes);
-    }
     if (isCudaComm(comm)) {
       FUSCO_CHECK(deviceDispatch(h, x, rowBytes, recvX, a, stream, &work));
     } else {
       FUSCO_CHECK(hostDispatch(h, x, rowBytes, recvX, a, &work));
     }
+    Traffic traffic;  // what this rank put on each path: the messages of the operation it ran
+    traffic.addSends(c, work, rowBytes);
     h.stats.dispatchRowsIntraNode = traffic.intraRows;
     h.stats.dispatchRowsInterNode = traffic.interRows;
     h.stats.dispatchBytesIntraNode = traffic.intraBytes;
@@ -600,16 +579,14 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
     checkDevicePtr(comm, out, "fuscoMoeCombine", "out", &a);
     // Only a validated value is used as the enum (any int is legal from C).
     const fuscoDataType_t type = a.status == fuscoSuccess ? static_cast<fuscoDataType_t>(dt) : fuscoFloat32;
-    // What this rank puts on each path: the routing weights (RANK), then one row per row received.
+    std::vector<PeerWork> work(comm->impl->nranks());
+    if (isCudaComm(comm)) FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream, &work));
+    else FUSCO_CHECK(combine(h, expertOut, type, hidden, topkWeights, out, a, &work));
+    // What this rank put on each path: the routing weights (RANK), then the rows it sent back.
     Traffic traffic;
-    const size_t rowOut = hidden * dataTypeSize(type);
-    for (int p = 0; p < comm->impl->nranks(); ++p) {
-      if (h.dedup != Dedup::None) traffic.add(*comm->impl, p, 0, h.weightIdx[p].size() * sizeof(float));
-      const size_t rows = combineRowsTo(h, *comm->impl, p);
-      traffic.add(*comm->impl, p, rows, rows * rowOut);
-    }
-    if (isCudaComm(comm)) FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream));
-    else FUSCO_CHECK(combine(h, expertOut, type, hidden, topkWeights, out, a));
+    for (int p = 0; p < comm->impl->nranks() && h.dedup != Dedup::None; ++p)
+      traffic.add(*comm->impl, p, 0, h.weightIdx[p].size() * sizeof(float));
+    traffic.addSends(*comm->impl, work, hidden * dataTypeSize(type));
     h.stats.combineBytesIntraNode = traffic.intraBytes;
     h.stats.combineBytesInterNode = traffic.interBytes;
     return fuscoSuccess;

@@ -70,6 +70,14 @@ fuscoResult_t runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed = false, void* stream = nullptr,
                        bool onDevice = false);
 
+// A local step that failed before a collective operation (scratch, device set-up): recorded as
+// this rank's error in *a, so the rank still joins the operation and its peers fail at once with
+// its message instead of waiting for the timeout.
+void joinFailure(fuscoResult_t r, ArgCheck* a);
+// The comm's scratch slot for one step, or nullptr (bytes 0, *a already failed, or the failure
+// recorded in *a as above).
+char* joinScratch(Communicator& c, int slot, size_t bytes, ArgCheck* a);
+
 // An exchange of int32 word lists over the comm (sizes, then words): out[p] to rank p, in[p] from
 // it. fuscoRemoteError if a peer announces an absurd size.
 fuscoResult_t exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& a,

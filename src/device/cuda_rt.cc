@@ -7,6 +7,8 @@
 #ifdef FUSCO_HAVE_CUDA
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
 #endif
 
 namespace fusco {
@@ -14,17 +16,6 @@ namespace fusco {
 #ifdef FUSCO_HAVE_CUDA
 
 namespace {
-
-fuscoResult_t cudaFail(cudaError_t e, const char* what) {
-  cudaGetLastError();
-  return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s failed: %s (%s)", what, cudaGetErrorName(e),
-                    cudaGetErrorString(e));
-}
-#define RT_CUDA(call)                                  \
-  do {                                                 \
-    cudaError_t e_ = (call);                           \
-    if (e_ != cudaSuccess) return cudaFail(e_, #call); \
-  } while (0)
 
 // Driver entry points, through the runtime (the library never links libcuda itself).
 template <typename Fn>
@@ -55,10 +46,10 @@ fuscoResult_t cudaUseDevice(int requested, int* device) {
   }
   if (n == 0) return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no CUDA device is present");
   int dev = requested;
-  if (dev < 0) RT_CUDA(cudaGetDevice(&dev));
+  if (dev < 0) FUSCO_CUDACHECK(cudaGetDevice(&dev), kEngine);
   if (dev >= n)
     return FUSCO_FAIL(fuscoInvalidArgument, kInit, "config.cudaDevice %d: only %d CUDA device(s) present", dev, n);
-  RT_CUDA(cudaSetDevice(dev));
+  FUSCO_CUDACHECK(cudaSetDevice(dev), kEngine);
   *device = dev;
   return fuscoSuccess;
 }
@@ -66,7 +57,7 @@ fuscoResult_t cudaUseDevice(int requested, int* device) {
 fuscoResult_t cudaSetCurrent(int device) {
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == device) return fuscoSuccess;
-  RT_CUDA(cudaSetDevice(device));
+  FUSCO_CUDACHECK(cudaSetDevice(device), kEngine);
   return fuscoSuccess;
 }
 
@@ -110,20 +101,20 @@ fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes) {
 }
 
 fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr) {
-  RT_CUDA(cudaMalloc(ptr, bytes));
+  FUSCO_CUDACHECK(cudaMalloc(ptr, bytes), kEngine);
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaFreeDevice(void* ptr) {
-  RT_CUDA(cudaFree(ptr));
+  FUSCO_CUDACHECK(cudaFree(ptr), kEngine);
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return fuscoSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  RT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-  RT_CUDA(cudaStreamSynchronize(s));
+  FUSCO_CUDACHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), kEngine);
+  FUSCO_CUDACHECK(cudaStreamSynchronize(s), kEngine);
   return fuscoSuccess;
 }
 
@@ -143,33 +134,37 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 fuscoResult_t DeviceBuffer::reserve(size_t bytes) {
-  if (event_) RT_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+  if (event_) FUSCO_CUDACHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), kEngine);
   if (bytes <= cap_) return fuscoSuccess;
   size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
-  if (dev_) RT_CUDA(cudaFree(dev_));
-  if (host_) RT_CUDA(cudaFreeHost(host_));
+  if (dev_) FUSCO_CUDACHECK(cudaFree(dev_), kEngine);
+  if (host_) FUSCO_CUDACHECK(cudaFreeHost(host_), kEngine);
   dev_ = host_ = nullptr;
   cap_ = 0;
-  RT_CUDA(cudaMalloc(reinterpret_cast<void**>(&dev_), cap));
-  RT_CUDA(cudaMallocHost(reinterpret_cast<void**>(&host_), cap));
+  FUSCO_CUDACHECK(cudaMalloc(reinterpret_cast<void**>(&dev_), cap), kEngine);
+  FUSCO_CUDACHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), cap), kEngine);
   cap_ = cap;
   return fuscoSuccess;
 }
 
 fuscoResult_t DeviceBuffer::upload(size_t bytes, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (bytes > 0) RT_CUDA(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, s));
+  if (bytes > 0)
+    FUSCO_CUDACHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, s), kEngine);
   if (event_ == nullptr) {
     cudaEvent_t e;
-    RT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    FUSCO_CUDACHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), kEngine);
     event_ = e;
   }
-  RT_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event_), s));
+  FUSCO_CUDACHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), s), kEngine);
   return fuscoSuccess;
 }
 
 fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
-  if (event_) RT_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0));
+  if (event_)
+    FUSCO_CUDACHECK(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
+        kEngine);
   return fuscoSuccess;
 }
 

@@ -19,7 +19,7 @@ bool cudaBuilt();
 fuscoResult_t cudaUseDevice(int requested, int* device);
 // Makes `device` current for this thread (every CUDA call of a comm runs on its device).
 fuscoResult_t cudaSetCurrent(int device);
-// Whether p is device memory (or managed memory) that kernels on `device` can use.
+// Whether p is device memory or managed memory (false for host memory and unknown pointers).
 bool cudaIsDevicePointer(const void* p);
 
 // Stream-ordered 32-bit flag operations on memory the device can reach (DeviceFlags):

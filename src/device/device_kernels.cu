@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "core/cuda_check.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -263,8 +264,7 @@ __global__ void zeroRowsKernel(char* base, uint64_t rowBytes, const int64_t* row
 fuscoResult_t launchResult(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return fuscoSuccess;
-  return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "launching %s failed: %s (%s)", what, cudaGetErrorName(e),
-                    cudaGetErrorString(e));
+  return FUSCO_CUDA_FAIL(e, kEngine, what);
 }
 
 // Blocks for a persistent grid: enough for the work, at most `perSm` per allowed multiprocessor.
@@ -286,22 +286,25 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 template <int kDt>
 fuscoResult_t reduceTyped(size_t hidden, const std::vector<DevReduceTask>& tasks, cudaStream_t s) {
   const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0;
-  for (size_t at = 0; at < tasks.size(); at += kBatch) {
+  // Empty tasks are skipped, so a batch may span more than kBatch tasks: `at` follows the tasks
+  // taken (as in deviceCopy), never a fixed stride that would launch some of them twice.
+  size_t at = 0;
+  while (at < tasks.size()) {
     ReduceBatch b{};
     b.hidden = hidden;
     bool allAligned = vec;
-    for (size_t i = at; i < tasks.size() && b.n < kBatch; ++i) {
-      if (tasks[i].nrows == 0) continue;
-      allAligned = allAligned && aligned16(tasks[i].src) && aligned16(tasks[i].dst);
-      b.t[b.n] = tasks[i];
-      b.rowStart[b.n + 1] = b.rowStart[b.n] + tasks[i].nrows;
+    for (; at < tasks.size() && b.n < kBatch; ++at) {
+      if (tasks[at].nrows == 0) continue;
+      allAligned = allAligned && aligned16(tasks[at].src) && aligned16(tasks[at].dst);
+      b.t[b.n] = tasks[at];
+      b.rowStart[b.n + 1] = b.rowStart[b.n] + tasks[at].nrows;
       ++b.n;
     }
     if (b.n == 0) continue;
     unsigned grid = gridFor(b.rowStart[b.n], 8);
     if (allAligned) reduceKernel<kDt, 16 / Elem<kDt>::kSize><<<grid, kSumThreads, 0, s>>>(b);
     else reduceKernel<kDt, 1><<<grid, kSumThreads, 0, s>>>(b);
-    FUSCO_CHECK(launchResult("the combine partial-sum kernel"));
+    FUSCO_CHECK(launchResult("launching the combine partial-sum kernel"));
   }
   return fuscoSuccess;
 }
@@ -312,7 +315,7 @@ fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
   unsigned grid = gridFor(f.ntokens, 8);
   if (vec) finalSumKernel<kDt, 16 / Elem<kDt>::kSize><<<grid, kSumThreads, 0, s>>>(f, hidden);
   else finalSumKernel<kDt, 1><<<grid, kSumThreads, 0, s>>>(f, hidden);
-  return launchResult("the combine final-sum kernel");
+  return launchResult("launching the combine final-sum kernel");
 }
 
 }  // namespace
@@ -336,7 +339,7 @@ fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
     }
     if (b.n == 0) continue;
     copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, 8), kCopyThreads, 0, s>>>(b);
-    FUSCO_CHECK(launchResult("the row copy kernel"));
+    FUSCO_CHECK(launchResult("launching the row copy kernel"));
   }
   return fuscoSuccess;
 }
@@ -367,7 +370,7 @@ fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, s
   if (n == 0) return fuscoSuccess;
   zeroRowsKernel<<<gridFor(n, 4), 128, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<char*>(base), rowBytes,
                                                                               rows, n);
-  return launchResult("the padding kernel");
+  return launchResult("launching the padding kernel");
 }
 
 }  // namespace fusco

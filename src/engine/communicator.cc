@@ -22,6 +22,20 @@ constexpr size_t kMaxChunkBytes = 256 << 20;
 constexpr int kDefaultDepth = 4;
 constexpr int kMaxDepth = 64;
 
+// Every rank's outcome of one setup step (failure "": success), in one allGather. *failed: the
+// lowest rank that failed (-1: none), *why: its message.
+fuscoResult_t agreeOnOutcome(Bootstrap& b, int nranks, const std::string& failure, int* failed, std::string* why) {
+  std::vector<std::string> all;
+  FUSCO_CHECK(b.allGather(failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure, &all));
+  *failed = -1;
+  for (int r = 0; r < nranks && *failed < 0; ++r) {
+    if (!all[r].empty() && all[r][0] == '\1') continue;
+    *failed = r;
+    *why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
+  }
+  return fuscoSuccess;
+}
+
 }  // namespace
 
 fuscoResult_t Communicator::resolveOptions(const CommOptions& o) {
@@ -171,15 +185,12 @@ fuscoResult_t Communicator::connectTransports() {
     }
   }
   // Second agreement: nobody starts an operation unless everybody connected.
-  std::string status = failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure;
-  FUSCO_CHECK(bootstrap_->allGather(status, &all));
-  for (int r = 0; r < nranks_; ++r) {
-    if (all[r].empty() || all[r][0] != '\1') {
-      std::string why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
-      return FUSCO_FAIL(r == rank_ ? fuscoSystemError : fuscoRemoteError, kInit,
-                        "rank %d could not connect: %s", r, why.c_str());
-    }
-  }
+  int failed = -1;
+  std::string why;
+  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, nranks_, failure, &failed, &why));
+  if (failed >= 0)
+    return FUSCO_FAIL(failed == rank_ ? fuscoSystemError : fuscoRemoteError, kInit, "rank %d could not connect: %s",
+                      failed, why.c_str());
   for (int p = 0; p < nranks_; ++p)
     if (conns_[p].ops) FUSCO_INFO(kInit, "peer %d via %s", p, conns_[p].ops->name);
   return fuscoSuccess;
@@ -202,14 +213,13 @@ fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
 // Every rank of a CUDA comm learns whether every rank has its device and whether the comm spans
 // one node (CUDA IPC reaches ranks of one node only), before any transport is set up.
 fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::string& error) {
-  std::string mine = status == fuscoSuccess ? std::string(1, '\1') : std::string(1, '\0') + error;
-  std::vector<std::string> all;
-  FUSCO_CHECK(bootstrap_->allGather(mine, &all));
+  const std::string failure = status == fuscoSuccess ? "" : error.empty() ? "unknown" : error;
+  int failed = -1;
+  std::string why;
+  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, nranks_, failure, &failed, &why));
   if (status != fuscoSuccess) return FUSCO_FAIL(status, kInit, "%s", error.c_str());
-  for (int r = 0; r < nranks_; ++r)
-    if (all[r].empty() || all[r][0] != '\1')
-      return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", r,
-                        all[r].size() > 1 ? all[r].c_str() + 1 : "unknown");
+  if (failed >= 0)
+    return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed, why.c_str());
   if (nodes_.numNodes > 1)
     return FUSCO_FAIL(fuscoInvalidUsage, kInit,
                       "a fuscoMemCuda communicator must span one node (CUDA IPC); these %d ranks form %d nodes",

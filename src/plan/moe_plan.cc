@@ -280,6 +280,11 @@ fuscoResult_t planRecv(const MoeShape& shape, int rank,
   for (int s = 0; s < n; ++s) {
     FUSCO_CHECK(scanMeta(rank, s, metaFrom[s], numLocal, &perExpert, &seen, &stampNext,
                          &rowsFrom[s], &slotsFrom[s]));
+    if (slotsFrom[s] > UINT32_MAX)  // fanStart is 32-bit
+      return FUSCO_FAIL(fuscoRemoteError, kPlan,
+                        "rank %d: MoE metadata from rank %d names %zu (row, expert) pairs, more "
+                        "than the supported 2^32 - 1",
+                        rank, s, slotsFrom[s]);
   }
   // Fill *out in place so a reused plan keeps its capacity.
   MoeRecvPlan& p = *out;

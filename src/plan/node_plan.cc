@@ -115,9 +115,21 @@ fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const Nod
       f->termIdx.push_back(static_cast<uint32_t>(f->rowsTo[lr].size()));
       f->rowsTo[lr].push_back(static_cast<int64_t>(i));
     }
+    // termStart and termIdx are 32-bit (every term index is below termLr.size()).
+    if (f->termLr.size() > UINT32_MAX) return bad("more than 2^32 rows");
     f->termStart.push_back(static_cast<uint32_t>(f->termLr.size()));
   }
   return fuscoSuccess;
+}
+
+// Rows in RANK-format metadata (per row a count m >= 1, then m words); SIZE_MAX if malformed.
+size_t metaRows(const int32_t* meta, size_t len) {
+  size_t rows = 0;
+  for (size_t i = 0; i < len; ++rows) {
+    if (meta[i] < 1 || static_cast<size_t>(meta[i]) > len - i - 1) return SIZE_MAX;
+    i += 1 + static_cast<size_t>(meta[i]);
+  }
+  return rows;
 }
 
 }  // namespace
@@ -173,8 +185,11 @@ fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<
     if (g.node != myNode) continue;
     const auto& b = blocksFrom[g.forwarder];
     size_t& w = at[g.forwarder];
+    // The row count sizes this rank's views of src's fan rows (NodeInSeg): it must be the number
+    // of rows the block's metadata describes, or those views run past the receive plan.
     if (w + 4 > b.size() || b[w] != g.src || b[w + 1] != g.route || b[w + 2] < 0 || b[w + 3] < 0 ||
-        w + 4 + static_cast<size_t>(b[w + 3]) > b.size())
+        w + 4 + static_cast<size_t>(b[w + 3]) > b.size() ||
+        metaRows(b.data() + w + 4, static_cast<size_t>(b[w + 3])) != static_cast<size_t>(b[w + 2]))
       return FUSCO_FAIL(
           fuscoRemoteError, kPlan,
           "fuscoMoePlan: forwarder rank %d sent a malformed block for rank %d's route %d",

@@ -21,7 +21,6 @@ namespace fusco::test::gpu {
 namespace {
 
 constexpr double kProbeSec = 60.0;  // first CUDA init on a cold machine can take a while
-constexpr size_t kA2aTail = 64;     // poisoned bytes past every all-to-all receive buffer
 
 // In the forked child: one line "count major minor name" or "0 0 0 error text", then _exit.
 [[noreturn]] void probeChild(int wfd) {
@@ -160,6 +159,33 @@ MpOptions gpuOptions(int timeoutSec) {
   return o;
 }
 
+std::string ranksName(const ::testing::TestParamInfo<int>& i) {
+  return std::to_string(i.param) + "ranks";
+}
+
+void runGpuRanks(int n, const GpuRankBody& body, const fuscoConfig_t* config) {
+  runRanks(
+      n,
+      [&](const RankCtx& ctx) {
+        fuscoComm_t comm = initGpuComm(ctx, config);
+        // An ASSERT_* in body ends the rank here without destroying its comm (a destroy could
+        // wait for peers that the failure left behind); the harness ends the process.
+        ASSERT_NO_FATAL_FAILURE(body(ctx, comm));
+        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+      },
+      gpuOptions());
+}
+
+void runGpuRanksOnStream(int n, const GpuStreamRankBody& body, const fuscoConfig_t* config) {
+  runGpuRanks(
+      n,
+      [&](const RankCtx& ctx, fuscoComm_t comm) {
+        Stream stream;
+        body(ctx, comm, stream);
+      },
+      config);
+}
+
 const char* memName(Mem m) {
   return m == Mem::Cuda ? "cudaMalloc" : m == Mem::Arena ? "fuscoMemAlloc" : "registered";
 }
@@ -254,6 +280,21 @@ void DevBuf::poison(cudaStream_t stream, bool async) {
   }
 }
 
+DevBuf poisonedBuf(fuscoComm_t comm, size_t bytes, Mem kind) {
+  DevBuf b(comm, bytes, kind);
+  b.poison();
+  return b;
+}
+
+DevBuf sendBufFor(fuscoComm_t comm, const A2avLayout& l, uint64_t seed, Mem kind) {
+  const size_t bytes = l.sendElems * l.esize;
+  std::vector<uint8_t> host(std::max<size_t>(1, bytes));
+  fusco::test::fillSend(l, host.data(), seed);
+  DevBuf b(comm, bytes, kind);
+  b.upload(host.data(), bytes);
+  return b;
+}
+
 Stream::Stream() { CUDA_EXPECT_OK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
 
 Stream::~Stream() {
@@ -294,7 +335,7 @@ bool isDevicePointer(const void* p) {
   std::vector<uint8_t> hs(std::max<size_t>(1, sendBytes));
   fusco::test::fillSend(l, hs.data(), seed);
   DevBuf send(comm, sendBytes, sendKind);
-  DevBuf recv(comm, recvBytes + kA2aTail, recvKind);
+  DevBuf recv(comm, recvBytes + kTailBytes, recvKind);
   if (!send.ok() || !recv.ok()) return ::testing::AssertionFailure() << "allocation failed";
   send.upload(hs.data(), sendBytes);
   recv.poison();
@@ -315,7 +356,7 @@ bool isDevicePointer(const void* p) {
   std::vector<uint8_t> got = recv.download();
   auto ok = fusco::test::checkRecv(l, got.data(), seed);
   if (!ok) return ok << " [" << what << "]";
-  if (fusco::test::findNotPoison(got.data() + recvBytes, kA2aTail) != SIZE_MAX)
+  if (fusco::test::findNotPoison(got.data() + recvBytes, kTailBytes) != SIZE_MAX)
     return ::testing::AssertionFailure() << what << " wrote past the receive buffer";
   return ok;
 }

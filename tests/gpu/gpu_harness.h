@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,12 @@ fuscoComm_t initGpuComm(const RankCtx& ctx, const fuscoConfig_t* config = nullpt
 // MpOptions for [gpu] tests: a longer rank timeout (8 contexts on one GPU take a while to make).
 MpOptions gpuOptions(int timeoutSec = 120);
 
+// gtest parameter names for rank counts: "2ranks", "4ranks", ...
+std::string ranksName(const ::testing::TestParamInfo<int>& i);
+
+// Poisoned bytes past the end of every checked output buffer; they must stay poison.
+constexpr size_t kTailBytes = 64;
+
 enum class Mem { Cuda, Arena, Registered };
 const char* memName(Mem m);
 inline const std::vector<Mem> kAllMems = {Mem::Cuda, Mem::Arena, Mem::Registered};
@@ -137,6 +144,29 @@ class Stream {
  private:
   cudaStream_t s_ = nullptr;
 };
+
+// What a [gpu] test runs in each rank process: the rank's CUDA comm and, for
+// runGpuRanksOnStream, a non-blocking stream of its own.
+using GpuRankBody = std::function<void(const RankCtx& ctx, fuscoComm_t comm)>;
+using GpuStreamRankBody =
+    std::function<void(const RankCtx& ctx, fuscoComm_t comm, const Stream& stream)>;
+
+// runRanks(n, ..., gpuOptions()) where each rank inits a CUDA comm (initGpuComm: gpuConfig(n)
+// unless config is given), runs body, then destroys the comm (checked). A fatal failure
+// (ASSERT_*) in body ends the rank without destroying the comm, as a return from a plain runRanks
+// body does: the destroy could wait up to timeoutMs for streams still waiting on peers.
+void runGpuRanks(int n, const GpuRankBody& body, const fuscoConfig_t* config = nullptr);
+
+// runGpuRanks with a Stream made after the comm and destroyed after body (so after body's
+// buffers) and before the comm.
+void runGpuRanksOnStream(int n, const GpuStreamRankBody& body,
+                         const fuscoConfig_t* config = nullptr);
+
+// A device buffer of `bytes` with every byte kPoison: an output a test checks.
+DevBuf poisonedBuf(fuscoComm_t comm, size_t bytes, Mem kind = Mem::Cuda);
+
+// The send buffer of layout l on the device: fillSend(l, seed), l.sendElems * l.esize bytes.
+DevBuf sendBufFor(fuscoComm_t comm, const A2avLayout& l, uint64_t seed, Mem kind = Mem::Cuda);
 
 // Waits for `stream` by polling cudaStreamQuery until it completes or `seconds` pass (so a test
 // never blocks forever on a stream a dead peer stalled). Returns cudaSuccess, the stream's error,

@@ -44,6 +44,24 @@ std::string identifyRow(const uint8_t* row, size_t rowBytes, const Bytes2D& x) {
 
 }  // namespace
 
+MoeCase oneNodeCase(int nranks) {
+  MoeCase c;
+  c.nranks = nranks;
+  c.localSize = nranks;
+  return c;
+}
+
+MoeRankBufs moeRankBufs(fuscoComm_t comm, const CombineSetup& s, int rank, Mem recvKind) {
+  const size_t rowBytes = s.hidden * dtypeSize(s.dt);
+  MoeRankBufs b;
+  b.x = toDevice(comm, s.x[rank]);
+  b.recvX = poisonedBuf(comm, s.d.numRecvRows[rank] * rowBytes, recvKind);
+  b.expertOut = toDevice(comm, s.expertOut[rank]);
+  b.weights = toDevice(comm, s.weights[rank]);
+  b.out = poisonedBuf(comm, s.p.numTokens[rank] * rowBytes);
+  return b;
+}
+
 ::testing::AssertionResult gpuPlan(fuscoComm_t comm, int rank, const MoeCase& c,
                                    const MoeRefProblem& p, const MoeRefDispatch& d, int dedup,
                                    int balance, cudaStream_t stream, fuscoMoeHandle_t* h) {

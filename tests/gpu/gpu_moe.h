@@ -21,7 +21,18 @@
 
 namespace fusco::test::gpu {
 
-constexpr size_t kTailBytes = 64;  // poisoned bytes past every output; must stay poisoned
+// A case on one node of nranks (the only shape a CUDA comm has); the rest as MoeCase defaults.
+MoeCase oneNodeCase(int nranks);
+
+// One rank's buffers for a test that calls fuscoMoeDispatch / fuscoMoeCombine itself: device
+// copies (cudaMalloc; NULL where empty) of its x, expertOut and weights, and the outputs, both
+// poisoned: recvX (numRecvRows rows, kind recvKind) and out (numTokens rows), rows of
+// s.hidden * dtypeSize(s.dt) bytes.
+struct MoeRankBufs {
+  DevBuf x, recvX, expertOut, weights, out;
+};
+MoeRankBufs moeRankBufs(fuscoComm_t comm, const CombineSetup& s, int rank,
+                        Mem recvKind = Mem::Cuda);
 
 // fuscoMoePlan with this rank's routing in a device int64 array, on `stream`; then checks
 // numRecvRows and tokensPerLocalExpert against the reference. *h is set only on success.

@@ -54,14 +54,12 @@ void runRank(int rank, int n, const fuscoUniqueId& id) {
                             fuscoGetLastError(nullptr));
   {
     Stream stream;
-    MoeCase c;
-    c.nranks = n;
+    MoeCase c = oneNodeCase(n);
     c.numExperts = 4 * n;
     c.topk = 3;
     c.numTokens.assign(n, 0);
     for (int s = 0; s < n; ++s) c.numTokens[s] = 9 + 5 * s;
     c.align = 4;
-    c.localSize = n;
     for (fuscoDataType_t dt : {fuscoBfloat16, fuscoFloat32}) {
       const CombineSetup s = makeCombine(c, 0x5a417 + dt, dt, 40);
       const size_t rowOut = s.hidden * dtypeSize(dt);

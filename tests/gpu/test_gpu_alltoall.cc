@@ -21,12 +21,6 @@ using fusco::test::RankCtx;
 using fusco::test::runRanks;
 using namespace fusco::test::gpu;
 
-constexpr size_t kTail = 64;  // poisoned bytes past every receive buffer
-
-std::string ranksName(const ::testing::TestParamInfo<int>& i) {
-  return std::to_string(i.param) + "ranks";
-}
-
 // ---------------------------------------------------------------- fuscoAllToAll
 
 class GpuAllToAll : public ::testing::TestWithParam<int> {};
@@ -34,24 +28,17 @@ class GpuAllToAll : public ::testing::TestWithParam<int> {};
 TEST_P(GpuAllToAll, EqualBlocksAreBitExactForEveryReceiveBufferKind) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, size_t{65536 + 3}})
-            for (Mem m : kAllMems) {
-              auto l = makeA2avLayout(fusco::test::uniformCountMatrix(ctx.nranks, count),
-                                      ctx.nranks, ctx.rank, 4, seed, false);
-              EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoInt32, seed + count, Mem::Cuda, m, true,
-                                             stream.get()))
-                  << "count " << count;
-            }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(
+      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+        for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, size_t{65536 + 3}})
+          for (Mem m : kAllMems) {
+            auto l = makeA2avLayout(fusco::test::uniformCountMatrix(ctx.nranks, count), ctx.nranks,
+                                    ctx.rank, 4, seed, false);
+            EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoInt32, seed + count, Mem::Cuda, m, true,
+                                           stream.get()))
+                << "count " << count;
+          }
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuAllToAll, ::testing::Values(2, 4, 8), ranksName);
@@ -59,54 +46,35 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuAllToAll, ::testing::Values(2, 4, 8), ranksName
 TEST(GpuAllToAllStreams, LegacyDefaultStreamAndRepeatedCallsStayExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (int it = 0; it < 40; ++it) {
-            const size_t count = 1 + (it * 977) % 5000;
-            auto l = makeA2avLayout(fusco::test::uniformCountMatrix(4, count), 4, ctx.rank, 2, seed,
-                                    false);
-            auto ok = gpuAllToAllChecked(comm, l, fuscoBfloat16, seed + it,
-                                         it % 3 ? Mem::Cuda : Mem::Arena, Mem::Cuda, true,
-                                         it % 2 ? nullptr : stream.get());
-            if (!ok) {
-              ADD_FAILURE() << "iteration " << it << ": " << ok.message();
-              break;
-            }
-          }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    for (int it = 0; it < 40; ++it) {
+      const size_t count = 1 + (it * 977) % 5000;
+      auto l =
+          makeA2avLayout(fusco::test::uniformCountMatrix(4, count), 4, ctx.rank, 2, seed, false);
+      auto ok =
+          gpuAllToAllChecked(comm, l, fuscoBfloat16, seed + it, it % 3 ? Mem::Cuda : Mem::Arena,
+                             Mem::Cuda, true, it % 2 ? nullptr : stream.get());
+      if (!ok) {
+        ADD_FAILURE() << "iteration " << it << ": " << ok.message();
+        break;
+      }
+    }
+  });
 }
 
 TEST(GpuAllToAllZero, ZeroCountWithNullBuffersSucceedsAndWritesNothing) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      2,
-      [](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          FUSCO_EXPECT_OK(comm,
-                          fuscoAllToAll(nullptr, nullptr, 0, fuscoFloat32, comm, stream.api()));
-          DevBuf send(comm, 256), recv(comm, 256);
-          send.poison();
-          recv.poison();
-          FUSCO_EXPECT_OK(
-              comm, fuscoAllToAll(send.get(), recv.get(), 0, fuscoFloat32, comm, stream.api()));
-          CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-          EXPECT_TRUE(fusco::test::isPoisoned(recv.download().data(), 256, "recv after count 0"));
-          auto l = makeA2avLayout(fusco::test::uniformCountMatrix(2, 33), 2, ctx.rank, 4, 3, false);
-          EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoFloat32, 3, Mem::Cuda, Mem::Cuda, true,
-                                         stream.get()));
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(2, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    FUSCO_EXPECT_OK(comm, fuscoAllToAll(nullptr, nullptr, 0, fuscoFloat32, comm, stream.api()));
+    DevBuf send = poisonedBuf(comm, 256), recv = poisonedBuf(comm, 256);
+    FUSCO_EXPECT_OK(comm,
+                    fuscoAllToAll(send.get(), recv.get(), 0, fuscoFloat32, comm, stream.api()));
+    CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
+    EXPECT_TRUE(fusco::test::isPoisoned(recv.download().data(), 256, "recv after count 0"));
+    auto l = makeA2avLayout(fusco::test::uniformCountMatrix(2, 33), 2, ctx.rank, 4, 3, false);
+    EXPECT_TRUE(
+        gpuAllToAllChecked(comm, l, fuscoFloat32, 3, Mem::Cuda, Mem::Cuda, true, stream.get()));
+  });
 }
 
 // ---------------------------------------------------------------- fuscoAllToAllv
@@ -116,24 +84,17 @@ class GpuAllToAllv : public ::testing::TestWithParam<int> {};
 TEST_P(GpuAllToAllv, UnevenCountsWithGapsAreBitExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (int round = 0; round < 3; ++round) {
-            const uint64_t s = seed + 100 * round;
-            auto counts = fusco::test::randomCountMatrix(s, ctx.nranks, 30000, 25);
-            auto l = makeA2avLayout(counts, ctx.nranks, ctx.rank, 4, s, true);
-            EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoFloat32, s, Mem::Cuda, kAllMems[round],
-                                           false, stream.get()))
-                << "round " << round;
-          }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(GetParam(),
+                      [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+                        for (int round = 0; round < 3; ++round) {
+                          const uint64_t s = seed + 100 * round;
+                          auto counts = fusco::test::randomCountMatrix(s, ctx.nranks, 30000, 25);
+                          auto l = makeA2avLayout(counts, ctx.nranks, ctx.rank, 4, s, true);
+                          EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoFloat32, s, Mem::Cuda,
+                                                         kAllMems[round], false, stream.get()))
+                              << "round " << round;
+                        }
+                      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuAllToAllv, ::testing::Values(2, 4, 8), ranksName);
@@ -141,83 +102,55 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuAllToAllv, ::testing::Values(2, 4, 8), ranksNam
 TEST(GpuAllToAllvMemory, EveryMixOfSendAndReceiveBufferKinds) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          int k = 0;
-          for (Mem s : kAllMems)
-            for (Mem r : kAllMems) {
-              const uint64_t sd = seed + 31 * (k++);
-              auto counts = fusco::test::randomCountMatrix(sd, 4, 40000, 15);
-              auto l = makeA2avLayout(counts, 4, ctx.rank, 8, sd, true);
-              EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoFloat64, sd, s, r, false, stream.get()));
-            }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    int k = 0;
+    for (Mem s : kAllMems)
+      for (Mem r : kAllMems) {
+        const uint64_t sd = seed + 31 * (k++);
+        auto counts = fusco::test::randomCountMatrix(sd, 4, 40000, 15);
+        auto l = makeA2avLayout(counts, 4, ctx.rank, 8, sd, true);
+        EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoFloat64, sd, s, r, false, stream.get()));
+      }
+  });
 }
 
 TEST(GpuAllToAllvTypes, EveryDatatypeMovesBitExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (int t = 0; t < fuscoNumTypes; ++t) {
-            const auto dt = static_cast<fuscoDataType_t>(t);
-            const size_t es = fusco::test::dtypeSize(dt);
-            auto counts = fusco::test::randomCountMatrix(seed + t, 4, 20000 / es + 3, 20);
-            auto l = makeA2avLayout(counts, 4, ctx.rank, es, seed + t, true);
-            EXPECT_TRUE(gpuAllToAllChecked(comm, l, dt, seed + t, Mem::Cuda, Mem::Cuda, false,
-                                           stream.get()));
-          }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    for (int t = 0; t < fuscoNumTypes; ++t) {
+      const auto dt = static_cast<fuscoDataType_t>(t);
+      const size_t es = fusco::test::dtypeSize(dt);
+      auto counts = fusco::test::randomCountMatrix(seed + t, 4, 20000 / es + 3, 20);
+      auto l = makeA2avLayout(counts, 4, ctx.rank, es, seed + t, true);
+      EXPECT_TRUE(
+          gpuAllToAllChecked(comm, l, dt, seed + t, Mem::Cuda, Mem::Cuda, false, stream.get()));
+    }
+  });
 }
 
 // Rank 1 sends nothing (NULL sendbuff), rank 0 receives nothing (NULL recvbuff).
 TEST(GpuAllToAllvZero, RanksThatSendOrReceiveNothingMayPassNull) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      4,
-      [](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          const int n = 4;
-          auto counts = fusco::test::randomCountMatrix(77, n, 500, 0);
-          for (int p = 0; p < n; ++p) {
-            counts[1 * n + p] = 0;
-            counts[p * n + 0] = 0;
-          }
-          auto l = makeA2avLayout(counts, n, ctx.rank, 2, 77, true);
-          std::vector<uint8_t> hs(l.sendElems * 2 + 1);
-          fusco::test::fillSend(l, hs.data(), 77);
-          DevBuf send(comm, hs.size()), recv(comm, l.recvElems * 2 + 1);
-          send.upload(hs);
-          recv.poison();
-          const void* sp = ctx.rank == 1 ? nullptr : send.get();
-          void* rp = ctx.rank == 0 ? nullptr : recv.get();
-          FUSCO_EXPECT_OK(comm, fuscoAllToAllv(sp, l.sendcounts.data(), l.sdispls.data(), rp,
-                                               l.recvcounts.data(), l.rdispls.data(), fuscoFloat16,
-                                               comm, stream.api()));
-          CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-          if (rp) {
-            EXPECT_TRUE(fusco::test::checkRecv(l, recv.download().data(), 77));
-          }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const int n = 4;
+    auto counts = fusco::test::randomCountMatrix(77, n, 500, 0);
+    for (int p = 0; p < n; ++p) {
+      counts[1 * n + p] = 0;
+      counts[p * n + 0] = 0;
+    }
+    auto l = makeA2avLayout(counts, n, ctx.rank, 2, 77, true);
+    DevBuf send = sendBufFor(comm, l, 77), recv = poisonedBuf(comm, l.recvElems * 2 + 1);
+    const void* sp = ctx.rank == 1 ? nullptr : send.get();
+    void* rp = ctx.rank == 0 ? nullptr : recv.get();
+    FUSCO_EXPECT_OK(
+        comm, fuscoAllToAllv(sp, l.sendcounts.data(), l.sdispls.data(), rp, l.recvcounts.data(),
+                             l.rdispls.data(), fuscoFloat16, comm, stream.api()));
+    CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
+    if (rp) {
+      EXPECT_TRUE(fusco::test::checkRecv(l, recv.download().data(), 77));
+    }
+  });
 }
 
 // ---------------------------------------------------------------- grouped send / receive
@@ -229,42 +162,31 @@ class GpuGroup : public ::testing::TestWithParam<int> {};
 TEST_P(GpuGroup, SendRecvToEveryPeerIsBitExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          const int n = ctx.nranks;
-          for (int round = 0; round < 3; ++round) {
-            const uint64_t s = seed + round;
-            auto counts = fusco::test::randomCountMatrix(s, n, 20000, 20);
-            auto l = makeA2avLayout(counts, n, ctx.rank, 2, s, true);
-            std::vector<uint8_t> hs(l.sendElems * 2 + 1);
-            fusco::test::fillSend(l, hs.data(), s);
-            DevBuf send(comm, hs.size(), Mem::Cuda);
-            DevBuf recv(comm, l.recvElems * 2 + kTail, kAllMems[round]);
-            send.upload(hs);
-            recv.poison();
-            FUSCO_ASSERT_OK(comm, fuscoGroupStart());
-            for (int i = 0; i < n; ++i) {
-              const int q = (i + ctx.rank) % n;
-              FUSCO_EXPECT_OK(comm, fuscoRecv(recv.bytes() + l.rdispls[q] * 2, l.recvcounts[q],
-                                              fuscoBfloat16, q, comm, stream.api()));
-              FUSCO_EXPECT_OK(comm, fuscoSend(send.bytes() + l.sdispls[q] * 2, l.sendcounts[q],
-                                              fuscoBfloat16, q, comm, stream.api()));
-            }
-            FUSCO_ASSERT_OK(comm, fuscoGroupEnd());
-            CUDA_ASSERT_OK(cudaStreamSynchronize(stream.get()));
-            std::vector<uint8_t> got = recv.download();
-            EXPECT_TRUE(fusco::test::checkRecv(l, got.data(), s))
-                << "round " << round << ", recv " << memName(kAllMems[round]);
-            EXPECT_TRUE(fusco::test::isPoisoned(got.data() + l.recvElems * 2, kTail, "tail"));
+  runGpuRanksOnStream(
+      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+        const int n = ctx.nranks;
+        for (int round = 0; round < 3; ++round) {
+          const uint64_t s = seed + round;
+          auto counts = fusco::test::randomCountMatrix(s, n, 20000, 20);
+          auto l = makeA2avLayout(counts, n, ctx.rank, 2, s, true);
+          DevBuf send = sendBufFor(comm, l, s, Mem::Cuda);
+          DevBuf recv = poisonedBuf(comm, l.recvElems * 2 + kTailBytes, kAllMems[round]);
+          FUSCO_ASSERT_OK(comm, fuscoGroupStart());
+          for (int i = 0; i < n; ++i) {
+            const int q = (i + ctx.rank) % n;
+            FUSCO_EXPECT_OK(comm, fuscoRecv(recv.bytes() + l.rdispls[q] * 2, l.recvcounts[q],
+                                            fuscoBfloat16, q, comm, stream.api()));
+            FUSCO_EXPECT_OK(comm, fuscoSend(send.bytes() + l.sdispls[q] * 2, l.sendcounts[q],
+                                            fuscoBfloat16, q, comm, stream.api()));
           }
+          FUSCO_ASSERT_OK(comm, fuscoGroupEnd());
+          CUDA_ASSERT_OK(cudaStreamSynchronize(stream.get()));
+          std::vector<uint8_t> got = recv.download();
+          EXPECT_TRUE(fusco::test::checkRecv(l, got.data(), s))
+              << "round " << round << ", recv " << memName(kAllMems[round]);
+          EXPECT_TRUE(fusco::test::isPoisoned(got.data() + l.recvElems * 2, kTailBytes, "tail"));
         }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuGroup, ::testing::Values(2, 4, 8), ranksName);
@@ -272,29 +194,22 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuGroup, ::testing::Values(2, 4, 8), ranksName);
 TEST(GpuGroupRing, SendToNextReceiveFromPreviousOnLegacyStream) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        const int n = ctx.nranks, next = (ctx.rank + 1) % n, prev = (ctx.rank + n - 1) % n;
-        for (size_t count : {size_t{1}, size_t{4099}, size_t{1 << 20}}) {
-          std::vector<uint8_t> hs(count * 4);
-          fusco::test::fillPayload(hs.data(), seed, ctx.rank, next, 0, hs.size());
-          DevBuf send(comm, hs.size()), recv(comm, count * 4);
-          send.upload(hs);
-          recv.poison();
-          FUSCO_ASSERT_OK(comm, fuscoGroupStart());
-          FUSCO_EXPECT_OK(comm, fuscoSend(send.get(), count, fuscoFloat32, next, comm, nullptr));
-          FUSCO_EXPECT_OK(comm, fuscoRecv(recv.get(), count, fuscoFloat32, prev, comm, nullptr));
-          FUSCO_ASSERT_OK(comm, fuscoGroupEnd());
-          CUDA_ASSERT_OK(cudaStreamSynchronize(nullptr));
-          EXPECT_TRUE(fusco::test::payloadMatches(recv.download().data(), 4, count, seed, prev,
-                                                  ctx.rank, 0, n,
-                                                  "ring recv, count " + std::to_string(count)));
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanks(4, [seed](const RankCtx& ctx, fuscoComm_t comm) {
+    const int n = ctx.nranks, next = (ctx.rank + 1) % n, prev = (ctx.rank + n - 1) % n;
+    for (size_t count : {size_t{1}, size_t{4099}, size_t{1 << 20}}) {
+      std::vector<uint8_t> hs(count * 4);
+      fusco::test::fillPayload(hs.data(), seed, ctx.rank, next, 0, hs.size());
+      DevBuf send = toDevice(comm, hs), recv = poisonedBuf(comm, count * 4);
+      FUSCO_ASSERT_OK(comm, fuscoGroupStart());
+      FUSCO_EXPECT_OK(comm, fuscoSend(send.get(), count, fuscoFloat32, next, comm, nullptr));
+      FUSCO_EXPECT_OK(comm, fuscoRecv(recv.get(), count, fuscoFloat32, prev, comm, nullptr));
+      FUSCO_ASSERT_OK(comm, fuscoGroupEnd());
+      CUDA_ASSERT_OK(cudaStreamSynchronize(nullptr));
+      EXPECT_TRUE(fusco::test::payloadMatches(recv.download().data(), 4, count, seed, prev,
+                                              ctx.rank, 0, n,
+                                              "ring recv, count " + std::to_string(count)));
+    }
+  });
 }
 
 }  // namespace

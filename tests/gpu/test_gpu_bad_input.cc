@@ -21,7 +21,6 @@ using fusco::test::makeA2avLayout;
 using fusco::test::MoeCase;
 using fusco::test::nowSec;
 using fusco::test::RankCtx;
-using fusco::test::runRanks;
 using namespace fusco::test::gpu;
 
 constexpr int kTimeoutMs = 20000;
@@ -41,9 +40,9 @@ Timed timed(F&& f) {
 }
 
 // One rank passed a host pointer: it gets fuscoInvalidArgument, every other rank an error that
-// names it; everyone promptly.
+// names it; everyone promptly. Then waits for `stream` (what the failed call left on it).
 void expectOneRankBad(fuscoComm_t comm, int myRank, int badRank, const Timed& t,
-                      const std::string& what) {
+                      cudaStream_t stream, const std::string& what) {
   const std::string msg = fuscoGetLastError(comm);
   EXPECT_LT(t.sec, kPromptSec) << what << ": the error took " << t.sec << " s";
   if (myRank == badRank) {
@@ -56,6 +55,7 @@ void expectOneRankBad(fuscoComm_t comm, int myRank, int badRank, const Timed& t,
     EXPECT_TRUE(namesRank(msg, badRank))
         << what << ": message '" << msg << "' should name rank " << badRank;
   }
+  CUDA_EXPECT_OK(cudaStreamSynchronize(stream));
 }
 
 // A correct uneven all-to-allv on device buffers is bit-exact on this comm.
@@ -76,204 +76,143 @@ struct HostBuf {
   void* p;
 };
 
-fuscoConfig_t badInputConfig(int nranks) { return gpuConfig(nranks, kTimeoutMs); }
+// runGpuRanksOnStream on comms with timeoutMs kTimeoutMs.
+void runBadInputRanks(int n, const GpuStreamRankBody& body) {
+  const fuscoConfig_t cfg = gpuConfig(n, kTimeoutMs);
+  runGpuRanksOnStream(n, body, &cfg);
+}
 
 TEST(GpuBadInput, HostBufferInAllToAllOnOneRankFailsEveryRankPromptly) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      4,
-      [](const RankCtx& ctx) {
-        fuscoConfig_t cfg = badInputConfig(ctx.nranks);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
-        {
-          Stream stream;
-          const size_t count = 1024;
-          DevBuf send(comm, 4 * count * 4), recv(comm, 4 * count * 4);
-          send.poison();
-          HostBuf host(4 * count * 4);
-          expectUsable(comm, ctx, 10, stream.get(), "init");
+  runBadInputRanks(4, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const size_t count = 1024;
+    DevBuf send = poisonedBuf(comm, 4 * count * 4), recv(comm, 4 * count * 4);
+    HostBuf host(4 * count * 4);
+    expectUsable(comm, ctx, 10, stream.get(), "init");
 
-          Timed t = timed([&] {
-            return fuscoAllToAll(ctx.rank == 1 ? host.p : send.get(), recv.get(), count, fuscoInt32,
-                                 comm, stream.api());
-          });
-          expectOneRankBad(comm, ctx.rank, 1, t, "host sendbuff on rank 1");
-          CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-          expectUsable(comm, ctx, 11, stream.get(), "a host sendbuff");
+    Timed t = timed([&] {
+      return fuscoAllToAll(ctx.rank == 1 ? host.p : send.get(), recv.get(), count, fuscoInt32, comm,
+                           stream.api());
+    });
+    expectOneRankBad(comm, ctx.rank, 1, t, stream.get(), "host sendbuff on rank 1");
+    expectUsable(comm, ctx, 11, stream.get(), "a host sendbuff");
 
-          t = timed([&] {
-            return fuscoAllToAll(send.get(), ctx.rank == 2 ? host.p : recv.get(), count, fuscoInt32,
-                                 comm, stream.api());
-          });
-          expectOneRankBad(comm, ctx.rank, 2, t, "host recvbuff on rank 2");
-          CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-          expectUsable(comm, ctx, 12, stream.get(), "a host recvbuff");
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+    t = timed([&] {
+      return fuscoAllToAll(send.get(), ctx.rank == 2 ? host.p : recv.get(), count, fuscoInt32, comm,
+                           stream.api());
+    });
+    expectOneRankBad(comm, ctx.rank, 2, t, stream.get(), "host recvbuff on rank 2");
+    expectUsable(comm, ctx, 12, stream.get(), "a host recvbuff");
+  });
 }
 
 TEST(GpuBadInput, HostRecvBufferInAllToAllvOnOneRankFailsEveryRank) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      3,
-      [](const RankCtx& ctx) {
-        fuscoConfig_t cfg = badInputConfig(ctx.nranks);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
-        {
-          Stream stream;
-          auto l =
-              makeA2avLayout(fusco::test::randomCountMatrix(5, 3, 900, 0), 3, ctx.rank, 4, 5, true);
-          DevBuf send(comm, l.sendElems * 4), recv(comm, l.recvElems * 4);
-          send.poison();
-          HostBuf host(l.recvElems * 4);
-          Timed t = timed([&] {
-            return fuscoAllToAllv(send.get(), l.sendcounts.data(), l.sdispls.data(),
-                                  ctx.rank == 0 ? host.p : recv.get(), l.recvcounts.data(),
-                                  l.rdispls.data(), fuscoFloat32, comm, stream.api());
-          });
-          expectOneRankBad(comm, ctx.rank, 0, t, "host recvbuff on rank 0");
-          CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-          expectUsable(comm, ctx, 13, stream.get(), "a host recvbuff in fuscoAllToAllv");
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runBadInputRanks(3, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    auto l = makeA2avLayout(fusco::test::randomCountMatrix(5, 3, 900, 0), 3, ctx.rank, 4, 5, true);
+    DevBuf send = poisonedBuf(comm, l.sendElems * 4), recv(comm, l.recvElems * 4);
+    HostBuf host(l.recvElems * 4);
+    Timed t = timed([&] {
+      return fuscoAllToAllv(send.get(), l.sendcounts.data(), l.sdispls.data(),
+                            ctx.rank == 0 ? host.p : recv.get(), l.recvcounts.data(),
+                            l.rdispls.data(), fuscoFloat32, comm, stream.api());
+    });
+    expectOneRankBad(comm, ctx.rank, 0, t, stream.get(), "host recvbuff on rank 0");
+    expectUsable(comm, ctx, 13, stream.get(), "a host recvbuff in fuscoAllToAllv");
+  });
 }
 
 TEST(GpuBadInput, HostBuffersOnEveryRankAreInvalidArgumentEverywhere) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      2,
-      [](const RankCtx& ctx) {
-        fuscoConfig_t cfg = badInputConfig(ctx.nranks);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
-        {
-          Stream stream;
-          HostBuf send(2 * 64 * 4), recv(2 * 64 * 4);
-          Timed t = timed(
-              [&] { return fuscoAllToAll(send.p, recv.p, 64, fuscoFloat32, comm, stream.api()); });
-          EXPECT_EQ(t.r, fuscoInvalidArgument) << fuscoGetLastError(comm);
-          EXPECT_LT(t.sec, kPromptSec);
-          EXPECT_STRNE(fuscoGetLastError(comm), "");
-          CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-          expectUsable(comm, ctx, 14, stream.get(), "host buffers everywhere");
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runBadInputRanks(2, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    HostBuf send(2 * 64 * 4), recv(2 * 64 * 4);
+    Timed t =
+        timed([&] { return fuscoAllToAll(send.p, recv.p, 64, fuscoFloat32, comm, stream.api()); });
+    EXPECT_EQ(t.r, fuscoInvalidArgument) << fuscoGetLastError(comm);
+    EXPECT_LT(t.sec, kPromptSec);
+    EXPECT_STRNE(fuscoGetLastError(comm), "");
+    CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
+    expectUsable(comm, ctx, 14, stream.get(), "host buffers everywhere");
+  });
 }
 
 // Registering host memory with a CUDA comm is refused (a local call: only this rank).
 TEST(GpuBadInput, RegisteringHostMemoryIsInvalidArgument) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      2,
-      [](const RankCtx& ctx) {
-        fuscoConfig_t cfg = badInputConfig(ctx.nranks);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
-        {
-          HostBuf host(1 << 16);
-          void* handle = reinterpret_cast<void*>(uintptr_t{0x77});
-          EXPECT_EQ(fuscoCommRegister(comm, host.p, 1 << 16, &handle), fuscoInvalidArgument)
-              << fuscoGetLastError(comm);
-          EXPECT_EQ(handle, reinterpret_cast<void*>(uintptr_t{0x77}))
-              << "handle written on failure";
-          EXPECT_STRNE(fuscoGetLastError(comm), "");
-          Stream stream;
-          expectUsable(comm, ctx, 15, stream.get(), "registering host memory");
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runBadInputRanks(2, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    HostBuf host(1 << 16);
+    void* handle = reinterpret_cast<void*>(uintptr_t{0x77});
+    EXPECT_EQ(fuscoCommRegister(comm, host.p, 1 << 16, &handle), fuscoInvalidArgument)
+        << fuscoGetLastError(comm);
+    EXPECT_EQ(handle, reinterpret_cast<void*>(uintptr_t{0x77})) << "handle written on failure";
+    EXPECT_STRNE(fuscoGetLastError(comm), "");
+    expectUsable(comm, ctx, 15, stream.get(), "registering host memory");
+  });
 }
 
 // Host topkIdx in fuscoMoePlan, host recvX in dispatch and host out in combine, each on one rank.
 TEST(GpuBadInput, HostPointersInMoeCallsOnOneRankFailEveryRank) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      3,
-      [seed](const RankCtx& ctx) {
-        fuscoConfig_t cfg = badInputConfig(ctx.nranks);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
-        {
-          Stream stream;
-          const cudaStream_t s = stream.get();
-          MoeCase c;
-          c.nranks = 3;
-          c.localSize = 3;
-          c.numExperts = 6;
-          c.topk = 2;
-          c.numTokens = {20, 18, 25};
-          c.unusedPercent = 0;  // every rank receives rows, so recvX is never legitimately NULL
-          const auto setup = fusco::test::makeCombine(c, seed, fuscoFloat32, 24);
-          const auto& p = setup.p;
-          const auto& d = setup.d;
-          const size_t rowOut = 24 * 4;
-          fuscoMoeConfig_t m = fusco::test::moeConfig(c, FUSCO_DEDUP_RANK);
-          DevBuf idx = toDevice(comm, p.topkIdx[ctx.rank]);
+  runBadInputRanks(3, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const cudaStream_t s = stream.get();
+    MoeCase c = oneNodeCase(3);
+    c.numExperts = 6;
+    c.topk = 2;
+    c.numTokens = {20, 18, 25};
+    c.unusedPercent = 0;  // every rank receives rows, so recvX is never legitimately NULL
+    const auto setup = fusco::test::makeCombine(c, seed, fuscoFloat32, 24);
+    const auto& p = setup.p;
+    const auto& d = setup.d;
+    const size_t rowOut = 24 * 4;
+    fuscoMoeConfig_t m = fusco::test::moeConfig(c, FUSCO_DEDUP_RANK);
+    DevBuf idx = toDevice(comm, p.topkIdx[ctx.rank]);
+    MoeRankBufs b = moeRankBufs(comm, setup, ctx.rank);
 
-          // fuscoMoePlan with a host topkIdx on rank 2.
-          fuscoMoeHandle_t h = nullptr;
-          Timed t = timed([&] {
-            const int64_t* ti =
-                ctx.rank == 2 ? p.topkIdx[ctx.rank].data() : static_cast<const int64_t*>(idx.get());
-            return fuscoMoePlan(&h, comm, &m, ti, p.numTokens[ctx.rank], c.topk, s);
-          });
-          expectOneRankBad(comm, ctx.rank, 2, t, "host topkIdx in fuscoMoePlan on rank 2");
-          EXPECT_EQ(h, nullptr) << "handle written although fuscoMoePlan failed";
-          if (t.r == fuscoSuccess && h != nullptr) fuscoMoeHandleDestroy(h);
-          CUDA_EXPECT_OK(cudaStreamSynchronize(s));
+    // fuscoMoePlan with a host topkIdx on rank 2.
+    fuscoMoeHandle_t h = nullptr;
+    Timed t = timed([&] {
+      const int64_t* ti =
+          ctx.rank == 2 ? p.topkIdx[ctx.rank].data() : static_cast<const int64_t*>(idx.get());
+      return fuscoMoePlan(&h, comm, &m, ti, p.numTokens[ctx.rank], c.topk, s);
+    });
+    expectOneRankBad(comm, ctx.rank, 2, t, s, "host topkIdx in fuscoMoePlan on rank 2");
+    EXPECT_EQ(h, nullptr) << "handle written although fuscoMoePlan failed";
+    if (t.r == fuscoSuccess && h != nullptr) fuscoMoeHandleDestroy(h);
 
-          // A good plan; then dispatch with a host recvX on rank 1.
-          h = nullptr;
-          ASSERT_TRUE(
-              gpuPlan(comm, ctx.rank, c, p, d, FUSCO_DEDUP_RANK, FUSCO_BALANCE_AUTO, s, &h));
-          DevBuf x = toDevice(comm, setup.x[ctx.rank]);
-          DevBuf recvX(comm, d.numRecvRows[ctx.rank] * rowOut);
-          HostBuf hostRecv(d.numRecvRows[ctx.rank] * rowOut);
-          t = timed([&] {
-            return fuscoMoeDispatch(h, x.get(), rowOut, ctx.rank == 1 ? hostRecv.p : recvX.get(),
-                                    s);
-          });
-          expectOneRankBad(comm, ctx.rank, 1, t, "host recvX in fuscoMoeDispatch on rank 1");
-          CUDA_EXPECT_OK(cudaStreamSynchronize(s));
-          FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    // A good plan; then dispatch with a host recvX on rank 1.
+    h = nullptr;
+    ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, p, d, FUSCO_DEDUP_RANK, FUSCO_BALANCE_AUTO, s, &h));
+    HostBuf hostRecv(d.numRecvRows[ctx.rank] * rowOut);
+    t = timed([&] {
+      return fuscoMoeDispatch(h, b.x.get(), rowOut, ctx.rank == 1 ? hostRecv.p : b.recvX.get(), s);
+    });
+    expectOneRankBad(comm, ctx.rank, 1, t, s, "host recvX in fuscoMoeDispatch on rank 1");
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
 
-          // A good plan and dispatch; then combine with a host out on rank 0.
-          h = nullptr;
-          ASSERT_TRUE(
-              gpuPlan(comm, ctx.rank, c, p, d, FUSCO_DEDUP_RANK, FUSCO_BALANCE_AUTO, s, &h));
-          EXPECT_TRUE(
-              gpuDispatch(comm, h, ctx.rank, p, d, setup.x, rowOut, Mem::Cuda, Mem::Cuda, s));
-          DevBuf eo = toDevice(comm, setup.expertOut[ctx.rank]);
-          DevBuf out(comm, p.numTokens[ctx.rank] * rowOut);
-          HostBuf hostOut(p.numTokens[ctx.rank] * rowOut);
-          t = timed([&] {
-            return fuscoMoeCombine(h, eo.get(), fuscoFloat32, 24, nullptr,
-                                   ctx.rank == 0 ? hostOut.p : out.get(), s);
-          });
-          expectOneRankBad(comm, ctx.rank, 0, t, "host out in fuscoMoeCombine on rank 0");
-          CUDA_EXPECT_OK(cudaStreamSynchronize(s));
-          FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    // A good plan and dispatch; then combine with a host out on rank 0.
+    h = nullptr;
+    ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, p, d, FUSCO_DEDUP_RANK, FUSCO_BALANCE_AUTO, s, &h));
+    EXPECT_TRUE(gpuDispatch(comm, h, ctx.rank, p, d, setup.x, rowOut, Mem::Cuda, Mem::Cuda, s));
+    HostBuf hostOut(p.numTokens[ctx.rank] * rowOut);
+    t = timed([&] {
+      return fuscoMoeCombine(h, b.expertOut.get(), fuscoFloat32, 24, nullptr,
+                             ctx.rank == 0 ? hostOut.p : b.out.get(), s);
+    });
+    expectOneRankBad(comm, ctx.rank, 0, t, s, "host out in fuscoMoeCombine on rank 0");
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
 
-          // The comm still plans, dispatches and combines exactly.
-          h = nullptr;
-          ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, p, d, FUSCO_DEDUP_NONE, FUSCO_BALANCE_AUTO, s, &h))
-              << "after the bad MoE calls";
-          EXPECT_TRUE(
-              gpuDispatch(comm, h, ctx.rank, p, d, setup.x, rowOut, Mem::Cuda, Mem::Cuda, s))
-              << "after the bad MoE calls";
-          EXPECT_TRUE(gpuCombine(comm, h, ctx.rank, setup, true, Mem::Cuda, Mem::Cuda, s))
-              << "after the bad MoE calls";
-          FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
-          expectUsable(comm, ctx, 16, s, "the bad MoE calls");
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+    // The comm still plans, dispatches and combines exactly.
+    h = nullptr;
+    ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, p, d, FUSCO_DEDUP_NONE, FUSCO_BALANCE_AUTO, s, &h))
+        << "after the bad MoE calls";
+    EXPECT_TRUE(gpuDispatch(comm, h, ctx.rank, p, d, setup.x, rowOut, Mem::Cuda, Mem::Cuda, s))
+        << "after the bad MoE calls";
+    EXPECT_TRUE(gpuCombine(comm, h, ctx.rank, setup, true, Mem::Cuda, Mem::Cuda, s))
+        << "after the bad MoE calls";
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    expectUsable(comm, ctx, 16, s, "the bad MoE calls");
+  });
 }
 
 }  // namespace

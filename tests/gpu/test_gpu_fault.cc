@@ -32,6 +32,13 @@ constexpr double kSurviveSec = 13.0;  // timeoutMs + a generous margin (8 contex
 
 bool isFaultError(fuscoResult_t r) { return r == fuscoRemoteError || r == fuscoTimeout; }
 
+// A CUDA comm with timeoutMs kTimeoutMs. The fault tests do not use runGpuRanks: a survivor
+// destroys its comm itself (finishSurvivor), and a killed rank never gets that far.
+fuscoComm_t initFaultComm(const RankCtx& ctx) {
+  fuscoConfig_t cfg = gpuConfig(ctx.nranks, kTimeoutMs);
+  return initGpuComm(ctx, &cfg);
+}
+
 MpOptions faultOptions(int mayDie) {
   MpOptions o = gpuOptions(90);
   o.mayDie = {mayDie};
@@ -100,8 +107,7 @@ TEST(GpuFaultKill, PeerKilledBeforeAllToAllFailsEverySurvivor) {
   runRanks(
       4,
       [](const RankCtx& ctx) {
-        fuscoConfig_t cfg = gpuConfig(ctx.nranks, kTimeoutMs);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
+        fuscoComm_t comm = initFaultComm(ctx);
         Stream stream;
         {
           // One good call first, so every connection is up.
@@ -116,8 +122,7 @@ TEST(GpuFaultKill, PeerKilledBeforeAllToAllFailsEverySurvivor) {
         }
         {
           const size_t count = 1 << 20;
-          DevBuf send(comm, 4 * count * 4), recv(comm, 4 * count * 4, Mem::Arena);
-          send.poison();
+          DevBuf send = poisonedBuf(comm, 4 * count * 4), recv(comm, 4 * count * 4, Mem::Arena);
           const double t0 = nowSec();
           fuscoResult_t r =
               fuscoAllToAll(send.get(), recv.get(), count, fuscoFloat32, comm, stream.api());
@@ -136,16 +141,14 @@ TEST(GpuFaultKill, PeerKilledAfterEnqueueBeforeItsStreamRan) {
   runRanks(
       3,
       [](const RankCtx& ctx) {
-        fuscoConfig_t cfg = gpuConfig(ctx.nranks, kTimeoutMs);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
+        fuscoComm_t comm = initFaultComm(ctx);
         Stream stream;
         const size_t count = 65536;
         auto l =
             makeA2avLayout(fusco::test::uniformCountMatrix(3, count), 3, ctx.rank, 4, 9, false);
         ASSERT_TRUE(
             gpuAllToAllChecked(comm, l, fuscoInt32, 9, Mem::Cuda, Mem::Cuda, true, stream.get()));
-        DevBuf send(comm, 3 * count * 4), recv(comm, 3 * count * 4);
-        send.poison();
+        DevBuf send = poisonedBuf(comm, 3 * count * 4), recv(comm, 3 * count * 4);
         CUDA_ASSERT_OK(spinAsync(stream.get(), 1.0));
         const double t0 = nowSec();
         fuscoResult_t r =
@@ -165,13 +168,10 @@ TEST(GpuFaultKill, PeerKilledDuringALoopOfMoeCallsFailsEverySurvivor) {
   runRanks(
       3,
       [seed](const RankCtx& ctx) {
-        fuscoConfig_t cfg = gpuConfig(ctx.nranks, kTimeoutMs);
-        fuscoComm_t comm = initGpuComm(ctx, &cfg);
+        fuscoComm_t comm = initFaultComm(ctx);
         Stream stream;
         const cudaStream_t s = stream.get();
-        fusco::test::MoeCase c;
-        c.nranks = 3;
-        c.localSize = 3;
+        fusco::test::MoeCase c = oneNodeCase(3);
         c.numExperts = 12;
         c.topk = 4;
         c.numTokens = {300, 280, 310};
@@ -191,18 +191,15 @@ TEST(GpuFaultKill, PeerKilledDuringALoopOfMoeCallsFailsEverySurvivor) {
         }
         Saw saw = Saw::Nothing;
         {
-          DevBuf x = toDevice(comm, setup.x[ctx.rank]);
-          DevBuf recvX(comm, setup.d.numRecvRows[ctx.rank] * rowOut, Mem::Arena);
-          DevBuf eo = toDevice(comm, setup.expertOut[ctx.rank]);
-          DevBuf out(comm, setup.p.numTokens[ctx.rank] * rowOut);
+          MoeRankBufs b = moeRankBufs(comm, setup, ctx.rank, Mem::Arena);
           const double start = nowSec();
           while (saw == Saw::Nothing && nowSec() - start < 30) {
             double t0 = nowSec();
-            fuscoResult_t r = fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), s);
+            fuscoResult_t r = fuscoMoeDispatch(h, b.x.get(), rowOut, b.recvX.get(), s);
             saw = awaitFault(comm, r, t0, s, 2, false, "dispatch");
             if (saw != Saw::Nothing) break;
             t0 = nowSec();
-            r = fuscoMoeCombine(h, eo.get(), fuscoBfloat16, 1024, nullptr, out.get(), s);
+            r = fuscoMoeCombine(h, b.expertOut.get(), fuscoBfloat16, 1024, nullptr, b.out.get(), s);
             saw = awaitFault(comm, r, t0, s, 2, false, "combine");
           }
         }

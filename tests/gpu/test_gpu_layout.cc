@@ -21,12 +21,7 @@ namespace {
 using fusco::test::kPoison;
 using fusco::test::mix64;
 using fusco::test::RankCtx;
-using fusco::test::runRanks;
 using namespace fusco::test::gpu;
-
-std::string ranksName(const ::testing::TestParamInfo<int>& i) {
-  return std::to_string(i.param) + "ranks";
-}
 
 // send[s][d]: rows of s's sendbuff for d, in order (duplicates allowed); recv[d][s]: rows of d's
 // recvbuff the rows from s land in (distinct over all s).
@@ -122,8 +117,6 @@ std::string identify(const Exchange& x, uint64_t seed, const uint8_t* row) {
   return fail;
 }
 
-constexpr size_t kTail = 64;
-
 // ---------------------------------------------------------------- gather / scatter
 
 // One group with a gather to and a scatter from every peer (device row lists), checked.
@@ -131,10 +124,9 @@ void gatherScatterChecked(fuscoComm_t comm, const Exchange& x, int me, uint64_t 
                           cudaStream_t stream, const std::string& what) {
   const size_t rb = x.rowBytes;
   DevBuf send(comm, x.sendRowsOf[me] * rb, Mem::Cuda);
-  DevBuf recv(comm, x.recvRowsOf[me] * rb + kTail, recvKind);
+  DevBuf recv = poisonedBuf(comm, x.recvRowsOf[me] * rb + kTailBytes, recvKind);
   ASSERT_TRUE(send.ok() && recv.ok());
   send.upload(sendData(x, seed, me));
-  recv.poison();
   std::vector<DevBuf> gatherIdx, scatterIdx;
   for (int p = 0; p < x.n; ++p) {
     gatherIdx.push_back(toDevice(comm, x.send[me][p]));
@@ -160,23 +152,16 @@ class GpuGatherScatter : public ::testing::TestWithParam<int> {};
 TEST_P(GpuGatherScatter, DeviceRowListsMoveRowsBitExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          int k = 0;
-          for (size_t rb : {size_t{52}, size_t{1}, size_t{7168 * 2 + 4}}) {
-            const Mem m = kAllMems[k++ % 3];
-            Exchange x = makeExchange(seed + rb, ctx.nranks, rb, rb > 1000 ? 40 : 300, 15);
-            gatherScatterChecked(comm, x, ctx.rank, seed + rb, m, stream.get(),
-                                 std::to_string(rb) + "-byte rows");
-          }
+  runGpuRanksOnStream(
+      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+        int k = 0;
+        for (size_t rb : {size_t{52}, size_t{1}, size_t{7168 * 2 + 4}}) {
+          const Mem m = kAllMems[k++ % 3];
+          Exchange x = makeExchange(seed + rb, ctx.nranks, rb, rb > 1000 ? 40 : 300, 15);
+          gatherScatterChecked(comm, x, ctx.rank, seed + rb, m, stream.get(),
+                               std::to_string(rb) + "-byte rows");
         }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuGatherScatter, ::testing::Values(2, 4, 8), ranksName);
@@ -202,7 +187,7 @@ void shuffleChecked(fuscoComm_t comm, const Exchange& x, int me, uint64_t seed, 
   ASSERT_EQ(r, fuscoSuccess) << what << " fuscoLayoutCreate -> " << fuscoGetErrorString(r) << ": "
                              << fuscoGetLastError(comm);
   DevBuf send(comm, x.sendRowsOf[me] * x.rowBytes, Mem::Cuda);
-  DevBuf recv(comm, x.recvRowsOf[me] * x.rowBytes + kTail, recvKind);
+  DevBuf recv(comm, x.recvRowsOf[me] * x.rowBytes + kTailBytes, recvKind);
   for (int run = 0; run < runs; ++run) {
     const uint64_t s = seed + 1000 * run;
     send.upload(sendData(x, s, me));
@@ -223,21 +208,14 @@ class GpuLayoutShuffle : public ::testing::TestWithParam<int> {};
 TEST_P(GpuLayoutShuffle, RandomLayoutIsBitExactOverRunsWithNewData) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (Mem m : kAllMems) {
-            Exchange x = makeExchange(seed + static_cast<int>(m), ctx.nranks, 52, 300, 15);
-            shuffleChecked(comm, x, ctx.rank, seed + static_cast<int>(m), 3, m, stream.get(),
-                           "52-byte rows");
-          }
+  runGpuRanksOnStream(
+      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+        for (Mem m : kAllMems) {
+          Exchange x = makeExchange(seed + static_cast<int>(m), ctx.nranks, 52, 300, 15);
+          shuffleChecked(comm, x, ctx.rank, seed + static_cast<int>(m), 3, m, stream.get(),
+                         "52-byte rows");
         }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuLayoutShuffle, ::testing::Values(2, 4, 8), ranksName);
@@ -245,36 +223,26 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuLayoutShuffle, ::testing::Values(2, 4, 8), rank
 TEST(GpuLayout, OddRowBytesZeroRowsAndLegacyStreamAreBitExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        for (size_t rb : {size_t{1}, size_t{33}, size_t{7168 * 2 + 4}}) {
-          Exchange x = makeExchange(seed + rb, 4, rb, rb > 1000 ? 40 : 200, 40);
-          shuffleChecked(comm, x, ctx.rank, seed + rb, 2, Mem::Cuda, nullptr,
-                         std::to_string(rb) + "-byte rows");
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanks(4, [seed](const RankCtx& ctx, fuscoComm_t comm) {
+    for (size_t rb : {size_t{1}, size_t{33}, size_t{7168 * 2 + 4}}) {
+      Exchange x = makeExchange(seed + rb, 4, rb, rb > 1000 ? 40 : 200, 40);
+      shuffleChecked(comm, x, ctx.rank, seed + rb, 2, Mem::Cuda, nullptr,
+                     std::to_string(rb) + "-byte rows");
+    }
+  });
 }
 
 TEST(GpuLayout, NothingToSendOrReceiveAnywhereSucceeds) {
   FUSCO_GPU_REQUIRE();
-  runRanks(
-      2,
-      [](const RankCtx& ctx) {
-        fuscoComm_t comm = initGpuComm(ctx);
-        std::vector<size_t> zeros(2, 0);
-        fuscoLayout_t layout = nullptr;
-        FUSCO_ASSERT_OK(comm, fuscoLayoutCreate(&layout, comm, 16, zeros.data(), nullptr,
-                                                zeros.data(), nullptr));
-        FUSCO_EXPECT_OK(comm, fuscoShuffle(nullptr, nullptr, layout, nullptr));
-        CUDA_EXPECT_OK(cudaStreamSynchronize(nullptr));
-        FUSCO_EXPECT_OK(comm, fuscoLayoutDestroy(layout));
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanks(2, [](const RankCtx&, fuscoComm_t comm) {
+    std::vector<size_t> zeros(2, 0);
+    fuscoLayout_t layout = nullptr;
+    FUSCO_ASSERT_OK(
+        comm, fuscoLayoutCreate(&layout, comm, 16, zeros.data(), nullptr, zeros.data(), nullptr));
+    FUSCO_EXPECT_OK(comm, fuscoShuffle(nullptr, nullptr, layout, nullptr));
+    CUDA_EXPECT_OK(cudaStreamSynchronize(nullptr));
+    FUSCO_EXPECT_OK(comm, fuscoLayoutDestroy(layout));
+  });
 }
 
 }  // namespace

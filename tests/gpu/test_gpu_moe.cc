@@ -29,23 +29,10 @@ using fusco::test::MoeRefDispatch;
 using fusco::test::MoeRefProblem;
 using fusco::test::RankCtx;
 using fusco::test::Route;
-using fusco::test::runRanks;
 using namespace fusco::test::gpu;
 
 const std::vector<int> kGpuModes = {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK, FUSCO_DEDUP_AUTO,
                                     FUSCO_DEDUP_NODE};
-
-std::string ranksName(const ::testing::TestParamInfo<int>& i) {
-  return std::to_string(i.param) + "ranks";
-}
-
-// A case on one node of nranks (the only shape a CUDA comm has).
-MoeCase oneNodeCase(int nranks) {
-  MoeCase c;
-  c.nranks = nranks;
-  c.localSize = nranks;
-  return c;
-}
 
 std::vector<size_t> unevenTokens(int n, size_t base) {
   std::vector<size_t> t(n);
@@ -89,21 +76,14 @@ class GpuMoeDispatchRanks : public ::testing::TestWithParam<int> {};
 TEST_P(GpuMoeDispatchRanks, UnevenTokensMatchReferenceInEveryDedupMode) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
+  runGpuRanksOnStream(
+      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
         MoeCase c = oneNodeCase(ctx.nranks);
         c.numExperts = 4 * ctx.nranks;
         c.topk = 4;
         c.numTokens = unevenTokens(ctx.nranks, 23);
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          dispatchAllModes(comm, ctx, c, seed, 36, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+        dispatchAllModes(comm, ctx, c, seed, 36, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoeDispatchRanks, ::testing::Values(2, 4, 8), ranksName);
@@ -111,164 +91,115 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoeDispatchRanks, ::testing::Values(2, 4, 8), r
 TEST(GpuMoeDispatch, EveryBufferKindForXAndRecvX) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(4);
-        c.numExperts = 12;
-        c.topk = 4;
-        c.numTokens = {37, 0, 64, 5};
-        c.align = 4;
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (Mem xk : kAllMems)
-            for (Mem rk : kAllMems)
-              dispatchAllModes(comm, ctx, c, seed + 3 * static_cast<int>(xk) + static_cast<int>(rk),
-                               7168 * 2 + 6, {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK}, xk, rk,
-                               stream.get());
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 12;
+    c.topk = 4;
+    c.numTokens = {37, 0, 64, 5};
+    c.align = 4;
+    for (Mem xk : kAllMems)
+      for (Mem rk : kAllMems)
+        dispatchAllModes(comm, ctx, c, seed + 3 * static_cast<int>(xk) + static_cast<int>(rk),
+                         7168 * 2 + 6, {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK}, xk, rk, stream.get());
+  });
 }
 
 TEST(GpuMoeDispatch, ExpertAlignmentPadsEachBlockWithZeroRows) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(4);
-        c.numExperts = 12;
-        c.topk = 3;
-        c.numTokens = {21, 5, 14, 0};
-        c.unusedPercent = 25;
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (int align : {0, 1, 4, 16}) {
-            c.align = align;
-            dispatchAllModes(comm, ctx, c, seed + align, 13, kGpuModes, Mem::Cuda,
-                             align == 16 ? Mem::Arena : Mem::Cuda, stream.get());
-          }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 12;
+    c.topk = 3;
+    c.numTokens = {21, 5, 14, 0};
+    c.unusedPercent = 25;
+    for (int align : {0, 1, 4, 16}) {
+      c.align = align;
+      dispatchAllModes(comm, ctx, c, seed + align, 13, kGpuModes, Mem::Cuda,
+                       align == 16 ? Mem::Arena : Mem::Cuda, stream.get());
+    }
+  });
 }
 
 TEST(GpuMoeDispatch, ZeroTokensOneTokenAndIdleExperts) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      2,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(2);
-        c.numExperts = 6;
-        c.topk = 2;
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          c.numTokens = {0, 0};
-          c.align = 4;
-          dispatchAllModes(comm, ctx, c, seed, 64, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
-          c.numTokens = {1, 0};
-          dispatchAllModes(comm, ctx, c, seed + 1, 64, kGpuModes, Mem::Cuda, Mem::Cuda,
-                           stream.get());
-          c.numTokens = {25, 33};
-          c.route = Route::SomeExpertsIdle;
-          dispatchAllModes(comm, ctx, c, seed + 2, 24, kGpuModes, Mem::Cuda, Mem::Cuda,
-                           stream.get());
-          c.route = Route::OneExpert;  // every token to expert 4 (rank 1)
-          c.fixedExpert = 4;
-          c.align = 16;
-          dispatchAllModes(comm, ctx, c, seed + 3, 40, kGpuModes, Mem::Cuda, Mem::Registered,
-                           stream.get());
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(2, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(2);
+    c.numExperts = 6;
+    c.topk = 2;
+    c.numTokens = {0, 0};
+    c.align = 4;
+    dispatchAllModes(comm, ctx, c, seed, 64, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
+    c.numTokens = {1, 0};
+    dispatchAllModes(comm, ctx, c, seed + 1, 64, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
+    c.numTokens = {25, 33};
+    c.route = Route::SomeExpertsIdle;
+    dispatchAllModes(comm, ctx, c, seed + 2, 24, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
+    c.route = Route::OneExpert;  // every token to expert 4 (rank 1)
+    c.fixedExpert = 4;
+    c.align = 16;
+    dispatchAllModes(comm, ctx, c, seed + 3, 40, kGpuModes, Mem::Cuda, Mem::Registered,
+                     stream.get());
+  });
 }
 
 TEST(GpuMoeDispatch, EightRanksTopOneToEightWithPlacementAndAlignment) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      8,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(8);
-        c.numExperts = 20;  // not a multiple of 8
-        c.numTokens = {12, 0, 1, 30, 7, 19, 0, 25};
-        for (int e = 0; e < c.numExperts; ++e) c.placement.push_back((e * 5 + 3) % 8);
-        c.align = 4;
-        c.unusedPercent = 30;
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          for (int k : {1, 2, 5, 8}) {
-            c.topk = k;
-            dispatchAllModes(comm, ctx, c, seed + k, 50, {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK},
-                             Mem::Cuda, Mem::Cuda, stream.get());
-          }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(8, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(8);
+    c.numExperts = 20;  // not a multiple of 8
+    c.numTokens = {12, 0, 1, 30, 7, 19, 0, 25};
+    for (int e = 0; e < c.numExperts; ++e) c.placement.push_back((e * 5 + 3) % 8);
+    c.align = 4;
+    c.unusedPercent = 30;
+    for (int k : {1, 2, 5, 8}) {
+      c.topk = k;
+      dispatchAllModes(comm, ctx, c, seed + k, 50, {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK}, Mem::Cuda,
+                       Mem::Cuda, stream.get());
+    }
+  });
 }
 
 TEST(GpuMoeDispatch, LargeBf16RowsTopEightOnLegacyStream) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(4);
-        c.numExperts = 64;
-        c.topk = 8;
-        c.numTokens = {256, 200, 256, 129};
-        c.unusedPercent = 5;
-        fuscoComm_t comm = initGpuComm(ctx);
-        dispatchAllModes(comm, ctx, c, seed, 7168 * 2, {FUSCO_DEDUP_RANK}, Mem::Cuda, Mem::Arena,
-                         nullptr);
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanks(4, [seed](const RankCtx& ctx, fuscoComm_t comm) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 64;
+    c.topk = 8;
+    c.numTokens = {256, 200, 256, 129};
+    c.unusedPercent = 5;
+    dispatchAllModes(comm, ctx, c, seed, 7168 * 2, {FUSCO_DEDUP_RANK}, Mem::Cuda, Mem::Arena,
+                     nullptr);
+  });
 }
 
 // Every balance setting yields the same bytes (one node: nothing to balance, still exact).
 TEST(GpuMoeDispatch, EveryBalanceModeGivesTheSameRecvX) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(4);
-        c.numExperts = 16;
-        c.topk = 5;
-        c.numTokens = {33, 20, 0, 41};
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          MoeRefProblem p = makeProblem(c, seed);
-          Bytes2D x = makeRows(p, seed + 1, 72);
-          MoeRefDispatch d = fusco::test::moeRefDispatch(p, x, 72);
-          for (int dedup : {FUSCO_DEDUP_RANK, FUSCO_DEDUP_NODE})
-            for (int bal : {FUSCO_BALANCE_AUTO, FUSCO_BALANCE_NONE, FUSCO_BALANCE_STATIC,
-                            FUSCO_BALANCE_GREEDY}) {
-              fuscoMoeHandle_t h = nullptr;
-              auto planned = gpuPlan(comm, ctx.rank, c, p, d, dedup, bal, stream.get(), &h);
-              EXPECT_TRUE(planned) << dedupName(dedup) << ", balance " << bal;
-              if (!planned) continue;
-              EXPECT_TRUE(
-                  gpuDispatch(comm, h, ctx.rank, p, d, x, 72, Mem::Cuda, Mem::Cuda, stream.get()))
-                  << dedupName(dedup) << ", balance " << bal;
-              FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
-            }
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 16;
+    c.topk = 5;
+    c.numTokens = {33, 20, 0, 41};
+    MoeRefProblem p = makeProblem(c, seed);
+    Bytes2D x = makeRows(p, seed + 1, 72);
+    MoeRefDispatch d = fusco::test::moeRefDispatch(p, x, 72);
+    for (int dedup : {FUSCO_DEDUP_RANK, FUSCO_DEDUP_NODE})
+      for (int bal :
+           {FUSCO_BALANCE_AUTO, FUSCO_BALANCE_NONE, FUSCO_BALANCE_STATIC, FUSCO_BALANCE_GREEDY}) {
+        fuscoMoeHandle_t h = nullptr;
+        auto planned = gpuPlan(comm, ctx.rank, c, p, d, dedup, bal, stream.get(), &h);
+        EXPECT_TRUE(planned) << dedupName(dedup) << ", balance " << bal;
+        if (!planned) continue;
+        EXPECT_TRUE(gpuDispatch(comm, h, ctx.rank, p, d, x, 72, Mem::Cuda, Mem::Cuda, stream.get()))
+            << dedupName(dedup) << ", balance " << bal;
+        FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+      }
+  });
 }
 
 // ---------------------------------------------------------------- combine
@@ -325,24 +256,15 @@ TEST_P(GpuMoeCombineTypes, OutMatchesReferenceTreeInEveryDedupMode) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
   const fuscoDataType_t dt = GetParam();
-  runRanks(
-      4,
-      [seed, dt](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(4);
-        c.numExperts = 12;
-        c.topk = 6;
-        c.numTokens = {37, 1, 22, 0};
-        c.unusedPercent = 20;
-        c.align = 4;
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          combineAllModes(comm, ctx, makeCombine(c, seed, dt, 67), Mem::Cuda, Mem::Cuda,
-                          stream.get());
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed, dt](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 12;
+    c.topk = 6;
+    c.numTokens = {37, 1, 22, 0};
+    c.unusedPercent = 20;
+    c.align = 4;
+    combineAllModes(comm, ctx, makeCombine(c, seed, dt, 67), Mem::Cuda, Mem::Cuda, stream.get());
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoeCombineTypes,
@@ -353,23 +275,16 @@ class GpuMoeCombineRanks : public ::testing::TestWithParam<int> {};
 TEST_P(GpuMoeCombineRanks, Bf16TopEightMatchesReference) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      GetParam(),
-      [seed](const RankCtx& ctx) {
+  runGpuRanksOnStream(
+      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
         MoeCase c = oneNodeCase(ctx.nranks);
         c.numExperts = 4 * ctx.nranks;
         c.topk = 8;
         c.numTokens = unevenTokens(ctx.nranks, 30);
         c.unusedPercent = 10;
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          combineAllModes(comm, ctx, makeCombine(c, seed, fuscoBfloat16, 7168 / 8 + 3), Mem::Cuda,
-                          Mem::Cuda, stream.get());
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+        combineAllModes(comm, ctx, makeCombine(c, seed, fuscoBfloat16, 7168 / 8 + 3), Mem::Cuda,
+                        Mem::Cuda, stream.get());
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoeCombineRanks, ::testing::Values(2, 4, 8), ranksName);
@@ -377,24 +292,16 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoeCombineRanks, ::testing::Values(2, 4, 8), ra
 TEST(GpuMoeCombine, EveryBufferKindForExpertOutAndOut) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(
-      4,
-      [seed](const RankCtx& ctx) {
-        MoeCase c = oneNodeCase(4);
-        c.numExperts = 7;  // explicit placement, not a multiple of the ranks
-        c.placement = {3, 3, 1, 0, 2, 1, 0};
-        c.topk = 3;
-        c.numTokens = {0, 26, 1, 18};
-        fuscoComm_t comm = initGpuComm(ctx);
-        {
-          Stream stream;
-          const CombineSetup s = makeCombine(c, seed, fuscoFloat16, 40);
-          for (Mem in : kAllMems)
-            for (Mem out : kAllMems) combineAllModes(comm, ctx, s, in, out, stream.get());
-        }
-        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-      },
-      gpuOptions());
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 7;  // explicit placement, not a multiple of the ranks
+    c.placement = {3, 3, 1, 0, 2, 1, 0};
+    c.topk = 3;
+    c.numTokens = {0, 26, 1, 18};
+    const CombineSetup s = makeCombine(c, seed, fuscoFloat16, 40);
+    for (Mem in : kAllMems)
+      for (Mem out : kAllMems) combineAllModes(comm, ctx, s, in, out, stream.get());
+  });
 }
 
 }  // namespace

@@ -199,5 +199,34 @@ TEST(NodePlan, MalformedForwardMetadataOrBlocksAreRemoteErrors) {
   EXPECT_EQ(planNodeReceive(w.nodes, f, w.segs, blocks, &out, &inFrom), fuscoRemoteError);
 }
 
+// A block's row count sizes the receiver's views of the source's fan rows: one that disagrees
+// with the rows its metadata describes would make dispatch and combine read past them.
+TEST(NodePlan, BlockRowCountThatDisagreesWithItsMetadataIsARemoteError) {
+  World w = makeWorld(4, 2, 3, 5, false, Balance::Static);
+  ASSERT_FALSE(w.segs.empty());
+  const int f = w.segs[0].forwarder;
+  std::vector<std::vector<int32_t>> blocks(4), out(4);
+  std::vector<std::vector<NodeInSeg>> inFrom;
+  std::vector<NodeFwdSeg> fwd;
+  int sender = -1;
+  for (int g = 0; g < 4; ++g) {
+    if (!w.nodes.sameNode(g, f)) continue;
+    std::vector<std::vector<int32_t>> from(4);
+    for (int p = 0; p < 4; ++p)
+      if (!w.nodes.sameNode(p, g)) from[p] = w.nodeSend[p].fwdMeta[g];
+    ASSERT_EQ(planNodeForward(w.shape, w.nodes, g, w.segs, from, &fwd), fuscoSuccess);
+    nodeBlocksFor(fwd, w.segs, w.nodes.localRankOf[f], &blocks[g]);
+    if (sender < 0 && !blocks[g].empty()) sender = g;
+  }
+  ASSERT_GE(sender, 0);
+  ASSERT_EQ(planNodeReceive(w.nodes, f, w.segs, blocks, &out, &inFrom), fuscoSuccess)
+      << threadLastError();
+  out.assign(4, {});
+  blocks[sender][2] += 1000;  // the first block's row count, its metadata unchanged
+  EXPECT_EQ(planNodeReceive(w.nodes, f, w.segs, blocks, &out, &inFrom), fuscoRemoteError);
+  EXPECT_NE(threadLastError().find("forwarder rank " + std::to_string(sender)), std::string::npos)
+      << threadLastError();
+}
+
 }  // namespace
 }  // namespace fusco

@@ -13,11 +13,14 @@
 
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "core/blob.h"
+#include "core/cuda_check.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "transport/shm/shm_segment.h"
@@ -36,6 +39,13 @@ constexpr uint32_t kMaxRegions = 16384;   // directory slots (never reused withi
 constexpr int kTokenShift = 44;           // token = slot << 44 | offset
 constexpr uint64_t kOffsetMask = (1ull << kTokenShift) - 1;
 constexpr size_t kIpcUnit = 2 << 20;
+
+// What a rank publishes (after the shm transport's blob) so that peers can map its page.
+struct IpcBlob {
+  int32_t pid;
+  int32_t fd;
+  uint64_t bytes;
+};
 
 struct PageHeader {
   uint64_t magic;
@@ -86,16 +96,6 @@ struct IpcComm {
 
 IpcComm* asIpc(TransportComm* tc) { return reinterpret_cast<IpcComm*>(tc); }
 
-fuscoResult_t cudaFail(cudaError_t e, const char* what) {
-  return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc, "cuda_ipc: %s failed: %s (%s)", what,
-                    cudaGetErrorName(e), cudaGetErrorString(e));
-}
-#define IPC_CUDA(call)                                             \
-  do {                                                             \
-    cudaError_t e_ = (call);                                       \
-    if (e_ != cudaSuccess) return cudaFail(e_, #call);             \
-  } while (0)
-
 size_t flagsBytesFor(int nranks) {
   return (2 * static_cast<size_t>(nranks) * kFlagStride + kPage - 1) / kPage * kPage;
 }
@@ -113,12 +113,13 @@ void unmapPage(Page* p) {
 // Registers the flags of a mapped page with CUDA so streams can wait on them and write them.
 fuscoResult_t registerFlags(Page* p, int nranks) {
   uint8_t* flags = p->map.base + kPage;
-  IPC_CUDA(cudaHostRegister(flags, flagsBytesFor(nranks), cudaHostRegisterMapped | cudaHostRegisterPortable));
+  const unsigned how = cudaHostRegisterMapped | cudaHostRegisterPortable;
+  FUSCO_CUDACHECK(cudaHostRegister(flags, flagsBytesFor(nranks), how), kIpc);
   void* dev = nullptr;
   cudaError_t e = cudaHostGetDevicePointer(&dev, flags, 0);
   if (e != cudaSuccess) {
     cudaHostUnregister(flags);
-    return cudaFail(e, "cudaHostGetDevicePointer(completion flags)");
+    return FUSCO_CUDA_FAIL(e, kIpc, "cudaHostGetDevicePointer(completion flags)");
   }
   p->flagsDev = dev;
   return fuscoSuccess;
@@ -149,7 +150,10 @@ fuscoResult_t openPeerPage(int peer, int nranks, int32_t pid, int32_t fd, uint64
                       static_cast<unsigned long long>(bytes));
   Page p;
   FUSCO_CHECK(shmMapPeerFd(peer, pid, fd, bytes, &p.map));
-  if (p.header()->magic != kPageMagic || p.header()->nranks != nranks || p.header()->ownerRank != peer) {
+  // Every offset used later (dir(), flags()) is read from the peer's page: check them all.
+  const PageHeader* h = p.header();
+  if (h->magic != kPageMagic || h->nranks != nranks || h->ownerRank != peer ||
+      h->flagsOffset != kPage || h->dirOffset != kPage + flagsBytesFor(nranks) || h->bytes != bytes) {
     unmapPage(&p);
     return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: the directory page of rank %d is not for this communicator", peer);
   }
@@ -162,18 +166,19 @@ fuscoResult_t openPeerPage(int peer, int nranks, int32_t pid, int32_t fd, uint64
   return fuscoSuccess;
 }
 
-// Exports [base, base+bytes) (the start of a CUDA allocation) into a new directory slot.
-fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned) {
+// Exports [base, base+bytes) (the start of a CUDA allocation) into a new directory slot, with
+// `registrations` fuscoCommRegister calls counted already.
+fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned, int registrations) {
   if (c->nextSlot >= kMaxRegions)
     return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: more than %u regions exported by one communicator", kMaxRegions);
   cudaIpcMemHandle_t h;
-  IPC_CUDA(cudaIpcGetMemHandle(&h, base));
+  FUSCO_CUDACHECK(cudaIpcGetMemHandle(&h, base), kIpc);
   uint32_t slot = c->nextSlot++;
-  DirEntry& e = c->own.dir()[slot];
+  c->regions[reinterpret_cast<uintptr_t>(base)] = Region{slot, bytes, owned, registrations};
+  DirEntry& e = c->own.dir()[slot];  // published last: peers never see a slot this rank lost
   e.handle = h;
   e.bytes = bytes;
   e.published.store(1, std::memory_order_release);
-  c->regions[reinterpret_cast<uintptr_t>(base)] = Region{slot, bytes, owned};
   return fuscoSuccess;
 }
 
@@ -193,57 +198,84 @@ int ipcScore(const TransportContext& ctx, int peer) {
   return 10;
 }
 
-fuscoResult_t ipcSetup(const TransportContext& ctx, const std::vector<int>& peers, TransportComm** tc,
-                       std::string* blob) {
-  int dev = -1;
-  IPC_CUDA(cudaGetDevice(&dev));
-  TransportContext hostCtx = ctx;
-  hostCtx.memType = fuscoMemHost;
-  TransportComm* shm = nullptr;
-  std::string shmBlob;
-  FUSCO_CHECK(kShmTransport.setup(hostCtx, peers, &shm, &shmBlob));
-  IpcComm* c = new IpcComm;
+void ipcClose(TransportComm* tc);
+
+fuscoResult_t ipcSetupInto(IpcComm* c, const TransportContext& ctx, const std::vector<int>& peers,
+                           std::string* blob) {
+  FUSCO_CUDACHECK(cudaGetDevice(&c->device), kIpc);
   c->rank = ctx.rank;
   c->nranks = ctx.nranks;
-  c->device = dev;
-  c->shm = shm;
   c->peers.resize(ctx.nranks);
   for (int r = 0; r < ctx.nranks; ++r) c->peers[r].info = (*ctx.peers)[r];
-  fuscoResult_t r = createPage(ctx.rank, ctx.nranks, &c->own);
-  if (r != fuscoSuccess) {
-    kShmTransport.close(shm);
-    delete c;
-    return r;
-  }
-  struct { int32_t pid, fd; uint64_t bytes; } me = {static_cast<int32_t>(getpid()), c->own.map.fd, c->own.map.bytes};
+  TransportContext hostCtx = ctx;
+  hostCtx.memType = fuscoMemHost;
+  std::string shmBlob;
+  FUSCO_CHECK(kShmTransport.setup(hostCtx, peers, &c->shm, &shmBlob));
+  FUSCO_CHECK(createPage(ctx.rank, ctx.nranks, &c->own));
+  const IpcBlob me = {static_cast<int32_t>(getpid()), c->own.map.fd, c->own.map.bytes};
   blob->clear();
   appendBlob(blob, shmBlob);
   appendBlob(blob, std::string(reinterpret_cast<const char*>(&me), sizeof(me)));
-  FUSCO_INFO(kIpc, "cuda_ipc: rank %d on device %d, %zu local peers", ctx.rank, dev, peers.size());
+  FUSCO_INFO(kIpc, "cuda_ipc: rank %d on device %d, %zu local peers", ctx.rank, c->device,
+             peers.size());
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcSetup(const TransportContext& ctx, const std::vector<int>& peers, TransportComm** tc,
+                       std::string* blob) {
+  *tc = nullptr;
+  IpcComm* c = new (std::nothrow) IpcComm;
+  if (c == nullptr) return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc setup: out of memory");
+  fuscoResult_t r;
+  try {
+    r = ipcSetupInto(c, ctx, peers, blob);
+  } catch (const std::exception& e) {
+    r = FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc setup: %s", e.what());
+  }
+  if (r != fuscoSuccess) {
+    ipcClose(reinterpret_cast<TransportComm*>(c));  // frees whatever the setup got to
+    return r;
+  }
   *tc = reinterpret_cast<TransportComm*>(c);
+  return fuscoSuccess;
+}
+
+fuscoResult_t ipcConnectInto(IpcComm* c, const std::vector<std::string>& blobs) {
+  std::vector<std::string> shmBlobs(blobs.size());
+  std::vector<IpcBlob> pages(blobs.size());
+  std::vector<std::string> parts;
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    if (blobs[r].empty()) continue;
+    if (!splitBlobs(blobs[r], 0, 2, &parts) || parts[1].size() != sizeof(IpcBlob))
+      return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: rank %zu published a malformed blob", r);
+    shmBlobs[r] = parts[0];
+    memcpy(&pages[r], parts[1].data(), sizeof(IpcBlob));
+  }
+  FUSCO_CHECK(kShmTransport.connect(c->shm, shmBlobs));
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    IpcPeer& p = c->peers[r];
+    if (blobs[r].empty() || static_cast<int>(r) == c->rank || p.connected) continue;
+    if (p.info.pid != 0 && pages[r].pid != p.info.pid)
+      return FUSCO_FAIL(fuscoRemoteError, kIpc,
+                        "cuda_ipc: rank %zu published a page of pid %d, not of its pid %d", r,
+                        pages[r].pid, static_cast<int>(p.info.pid));
+    const IpcBlob& b = pages[r];
+    FUSCO_CHECK(openPeerPage(static_cast<int>(r), c->nranks, b.pid, b.fd, b.bytes, &p.page));
+    p.connected = true;
+  }
   return fuscoSuccess;
 }
 
 fuscoResult_t ipcConnect(TransportComm* tc, const std::vector<std::string>& blobs) {
   IpcComm* c = asIpc(tc);
-  std::vector<std::string> shmBlobs(blobs.size());
-  std::vector<std::string> parts;
-  for (size_t r = 0; r < blobs.size(); ++r) {
-    if (blobs[r].empty()) continue;
-    if (!splitBlobs(blobs[r], 0, 2, &parts) || parts[1].size() != 16)
-      return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: rank %zu published a malformed blob", r);
-    shmBlobs[r] = parts[0];
+  if (c == nullptr || static_cast<int>(blobs.size()) != c->nranks)
+    return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc connect: %zu blobs for %d ranks",
+                      blobs.size(), c ? c->nranks : -1);
+  try {
+    return ipcConnectInto(c, blobs);
+  } catch (const std::exception& e) {
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc connect: %s", e.what());
   }
-  FUSCO_CHECK(kShmTransport.connect(c->shm, shmBlobs));
-  for (size_t r = 0; r < blobs.size(); ++r) {
-    if (blobs[r].empty() || static_cast<int>(r) == c->rank) continue;
-    splitBlobs(blobs[r], 0, 2, &parts);
-    struct { int32_t pid, fd; uint64_t bytes; } peer;
-    memcpy(&peer, parts[1].data(), sizeof(peer));
-    FUSCO_CHECK(openPeerPage(static_cast<int>(r), c->nranks, peer.pid, peer.fd, peer.bytes, &c->peers[r].page));
-    c->peers[r].connected = true;
-  }
-  return fuscoSuccess;
 }
 
 fuscoResult_t ipcSendAcquire(TransportComm* tc, int peer, void** buf, size_t* cap) {
@@ -271,7 +303,7 @@ fuscoResult_t ipcMemAlloc(TransportComm* tc, size_t bytes, void** ptr) {
     return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cudaMalloc of %zu bytes failed: %s", bytes,
                       cudaGetErrorString(e));
   }
-  fuscoResult_t r = exportRegion(c, p, bytes, true);
+  fuscoResult_t r = exportRegion(c, p, bytes, true, 0);
   if (r != fuscoSuccess) {
     cudaFree(p);
     return r;
@@ -286,7 +318,7 @@ fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
   if (it == c->regions.end() || !it->second.owned)
     return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: %p is not device memory of this communicator", ptr);
   unexport(c, it);
-  IPC_CUDA(cudaFree(ptr));
+  FUSCO_CUDACHECK(cudaFree(ptr), kIpc);
   return fuscoSuccess;
 }
 
@@ -300,9 +332,7 @@ fuscoResult_t ipcMemRegister(TransportComm* tc, void* base, size_t bytes) {
     ++it->second.registrations;
     return fuscoSuccess;
   }
-  FUSCO_CHECK(exportRegion(c, base, bytes, false));
-  c->regions[reinterpret_cast<uintptr_t>(base)].registrations = 1;
-  return fuscoSuccess;
+  return exportRegion(c, base, bytes, false, 1);
 }
 
 fuscoResult_t ipcMemDeregister(TransportComm* tc, void* base) {

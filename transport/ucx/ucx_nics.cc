@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/log.h"
+#include "transport/ucx/ucx_comm.h"
 
 #ifdef FUSCO_HAVE_IBVERBS
 #include <infiniband/verbs.h>
@@ -33,7 +35,9 @@ namespace {
 void activePorts(ibv_device* dev, std::vector<NicInfo>* out) {
   const char* name = ibv_get_device_name(dev);
   if (name == nullptr) return;
-  ibv_context* ctx = ibv_open_device(dev);
+  // Closed on every way out, a std::bad_alloc from the strings below included.
+  std::unique_ptr<ibv_context, int (*)(ibv_context*)> guard(ibv_open_device(dev), ibv_close_device);
+  ibv_context* ctx = guard.get();
   if (ctx == nullptr) {
     FUSCO_TRACE(kUcx, "ucx nics: cannot open %s: %s", name, strerror(errno));
     return;
@@ -41,7 +45,6 @@ void activePorts(ibv_device* dev, std::vector<NicInfo>* out) {
   ibv_device_attr attr{};
   if (ibv_query_device(ctx, &attr) != 0) {
     FUSCO_TRACE(kUcx, "ucx nics: cannot query %s", name);
-    ibv_close_device(ctx);
     return;
   }
   for (int port = 1; port <= attr.phys_port_cnt; ++port) {
@@ -53,19 +56,18 @@ void activePorts(ibv_device* dev, std::vector<NicInfo>* out) {
     n.name = std::string(name) + ":" + std::to_string(port);
     out->push_back(n);
   }
-  ibv_close_device(ctx);
 }
 
 std::vector<NicInfo> verbsPorts() {
   std::vector<NicInfo> out;
   int num = 0;
-  ibv_device** list = ibv_get_device_list(&num);
+  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> list(ibv_get_device_list(&num),
+                                                            ibv_free_device_list);
   if (list == nullptr) {
     FUSCO_TRACE(kUcx, "ucx nics: no verbs device list: %s", strerror(errno));
     return out;
   }
-  for (int i = 0; i < num; ++i) activePorts(list[i], &out);
-  ibv_free_device_list(list);
+  for (int i = 0; i < num; ++i) activePorts(list.get()[i], &out);
   return out;
 }
 #endif
@@ -251,16 +253,10 @@ std::vector<std::string> chooseRails(const std::vector<NicInfo>& nics, int local
 
 bool tlsAllowsRdma(const char* tls) {
   if (tls == nullptr || tls[0] == '\0' || tls[0] == '^') return true;
-  std::string s(tls);
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t end = std::min(s.find(',', pos), s.size());
-    std::string t = s.substr(pos, end - pos);
+  for (const std::string& t : parseDevices(tls))  // the same comma list as UCX_NET_DEVICES
     if (t == "all" || t == "ib" || t.rfind("rc", 0) == 0 || t.rfind("ud", 0) == 0 ||
         t.rfind("dc", 0) == 0)
       return true;
-    pos = end + 1;
-  }
   return false;
 }
 

@@ -165,21 +165,21 @@ class Communicator:
         for c in list(self._children):
             c.close()
 
-    def destroy(self):
-        """Frees the comm and every MoE plan made on it (collective-free). Idempotent."""
+    def _end(self, name):
+        """Closes every MoE plan made on the comm, then frees it with fusco's `name`. Idempotent."""
         if self._handle is None:
             return
         self._release_children()
         h, self._handle = self._handle, None
-        check(self._lib.fuscoCommDestroy(h), None, "fuscoCommDestroy")
+        check(getattr(self._lib, name)(h), None, name)
+
+    def destroy(self):
+        """Frees the comm and every MoE plan made on it (collective-free). Idempotent."""
+        self._end("fuscoCommDestroy")
 
     def abort(self):
         """Wakes every blocked call of this comm with an error, then frees it."""
-        if self._handle is None:
-            return
-        self._release_children()
-        h, self._handle = self._handle, None
-        check(self._lib.fuscoCommAbort(h), None, "fuscoCommAbort")
+        self._end("fuscoCommAbort")
 
     def __enter__(self):
         return self
