@@ -1,9 +1,10 @@
 // fuscoMoeDispatch and fuscoMoeCombine on fuscoMemCuda comms: the same plan and the same engine
 // operations as on the host, with the plan's index lists on the device and the rows moved by
 // kernels (engine_device.h). Dispatch: one pass, source rows straight into the receivers' final
-// expert-major rows (replicated per local expert). Combine: the routing weights to the expert
-// side, one weighted partial per (token, rank) computed by the expert rank's kernel straight into
-// the source's landing rows, then the source's final sum in the fixed order of API.md.
+// expert-major rows (replicated per local expert). Combine: one operation too; the source gathers
+// its routing weights into its landing area, each expert rank's kernel reads them there and writes
+// one weighted partial per (token, rank) straight into the source's landing rows, then the source
+// sums them in the fixed order of API.md.
 #include <cstring>
 #include <vector>
 
@@ -15,7 +16,7 @@ namespace fusco {
 
 namespace {
 
-enum ScratchSlot { kLandingScratch = 1, kWeightScratch = 2 };
+enum ScratchSlot { kLandingScratch = 1 };
 
 // Places sections in one buffer, each 16-byte aligned.
 struct Packer {
@@ -33,35 +34,41 @@ void put(char* host, size_t off, const std::vector<T>& v) {
 }
 
 // The final sum's terms (API.md's tree on one node): per token, one group per rank that holds a
-// row of it (rank ascending); RANK: the rank's partial; NONE: the token's raw rows from that rank,
-// weighted (k order).
-void finalSumTerms(const fuscoMoeHandle& h, std::vector<uint32_t>* tokStart, std::vector<uint32_t>* grpStart,
-                   std::vector<int64_t>* termRow, std::vector<int64_t>* termWeight) {
+// row of it (rank ascending), termLast closing each group; RANK: the rank's partial; NONE: the
+// token's raw rows from that rank, weighted (k order).
+struct FinalTerms {
+  std::vector<uint32_t> start;  // [numTokens + 1]
+  std::vector<int64_t> row, weight;
+  std::vector<uint8_t> last;
+};
+
+void finalSumTerms(const fuscoMoeHandle& h, FinalTerms* ft) {
   const int n = h.shape.nranks;
   std::vector<size_t> base(n, 0), cursor(n, 0);
   for (int r = 1; r < n; ++r) base[r] = base[r - 1] + h.send.rows[r - 1].size();
-  tokStart->assign(1, 0);
-  grpStart->assign(1, 0);
-  termRow->clear();
-  termWeight->clear();
+  ft->start.assign(1, 0);
+  ft->row.clear();
+  ft->weight.clear();
+  ft->last.clear();
   for (size_t t = 0; t < h.numTokens; ++t) {
     for (int r = 0; r < n; ++r) {
       const auto& rows = h.send.rows[r];
       size_t& cur = cursor[r];
       if (cur >= rows.size() || rows[cur] != static_cast<int64_t>(t)) continue;
       for (; cur < rows.size() && rows[cur] == static_cast<int64_t>(t); ++cur) {
-        termRow->push_back(static_cast<int64_t>(base[r] + cur));
-        termWeight->push_back(h.dedup == Dedup::None
-                                  ? static_cast<int64_t>(t) * h.topk + h.send.kSlots[r][h.send.kStart[r][cur]]
-                                  : -1);
+        ft->row.push_back(static_cast<int64_t>(base[r] + cur));
+        ft->weight.push_back(h.dedup == Dedup::None
+                                 ? static_cast<int64_t>(t) * h.topk + h.send.kSlots[r][h.send.kStart[r][cur]]
+                                 : -1);
+        ft->last.push_back(0);
         if (h.dedup != Dedup::None) {
           ++cur;
           break;
         }
       }
-      grpStart->push_back(static_cast<uint32_t>(termRow->size()));
+      ft->last.back() = 1;
     }
-    tokStart->push_back(static_cast<uint32_t>(grpStart->size() - 1));
+    ft->start.push_back(static_cast<uint32_t>(ft->row.size()));
   }
 }
 
@@ -69,9 +76,8 @@ void finalSumTerms(const fuscoMoeHandle& h, std::vector<uint32_t>* tokStart, std
 
 fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream) {
   const int n = h.shape.nranks;
-  std::vector<uint32_t> tokStart, grpStart;
-  std::vector<int64_t> termRow, termWeight;
-  finalSumTerms(h, &tokStart, &grpStart, &termRow, &termWeight);
+  FinalTerms ft;
+  finalSumTerms(h, &ft);
   Packer pk;
   std::vector<size_t> sRows(n), rFan(n), wIdx(n), sK(n), rStart(n), rRows(n);
   for (int p = 0; p < n; ++p) {
@@ -83,8 +89,8 @@ fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream) {
     rRows[p] = pk.take(h.recv.fanRows[p].size() * 8);
   }
   const size_t pad = pk.take(h.recv.paddingRows.size() * 8);
-  const size_t tok = pk.take(tokStart.size() * 4), grp = pk.take(grpStart.size() * 4);
-  const size_t trow = pk.take(termRow.size() * 8), twt = pk.take(termWeight.size() * 8);
+  const size_t tstart = pk.take(ft.start.size() * 4), trow = pk.take(ft.row.size() * 8);
+  const size_t twt = pk.take(ft.weight.size() * 8), tlast = pk.take(ft.last.size());
   const size_t ones = pk.take(h.numTokens * h.topk * sizeof(float));
   FUSCO_CHECK(h.devBuffer.reserve(pk.at));
   char* host = h.devBuffer.host();
@@ -97,10 +103,10 @@ fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream) {
     put(host, rRows[p], h.recv.fanRows[p]);
   }
   put(host, pad, h.recv.paddingRows);
-  put(host, tok, tokStart);
-  put(host, grp, grpStart);
-  put(host, trow, termRow);
-  put(host, twt, termWeight);
+  put(host, tstart, ft.start);
+  put(host, trow, ft.row);
+  put(host, twt, ft.weight);
+  put(host, tlast, ft.last);
   const std::vector<float> one(h.numTokens * h.topk, 1.0f);
   put(host, ones, one);
   FUSCO_CHECK(h.devBuffer.upload(pk.at, stream));
@@ -117,10 +123,10 @@ fuscoResult_t uploadMoePlan(fuscoMoeHandle& h, void* stream) {
     dv.recvFanRows[p] = reinterpret_cast<const int64_t*>(d + rRows[p]);
   }
   dv.paddingRows = reinterpret_cast<const int64_t*>(d + pad);
-  dv.tokStart = reinterpret_cast<const uint32_t*>(d + tok);
-  dv.grpStart = reinterpret_cast<const uint32_t*>(d + grp);
+  dv.termStart = reinterpret_cast<const uint32_t*>(d + tstart);
   dv.termRow = reinterpret_cast<const int64_t*>(d + trow);
   dv.termWeight = reinterpret_cast<const int64_t*>(d + twt);
+  dv.termLast = reinterpret_cast<const uint8_t*>(d + tlast);
   dv.ones = reinterpret_cast<const float*>(d + ones);
   return fuscoSuccess;
 }
@@ -155,51 +161,52 @@ fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataT
   const size_t rowOut = hidden * dataTypeSize(dt);
   if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
-  // 1. RANK: the routing weights to the expert side (ones when the caller passes none).
-  char* weights = nullptr;
-  std::vector<size_t> wAt(n, 0);
-  if (h.dedup != Dedup::None) {
-    size_t total = 0;
-    for (int p = 0; p < n; ++p) wAt[p] = total, total += h.recv.fanRows[p].size() * sizeof(float);
-    weights = joinScratch(c, kWeightScratch, total, &a);
-    std::vector<PeerWork> work(n);
-    const float* w = topkWeights ? topkWeights : h.dev.ones;
-    for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-      work[p].sends.push_back(RowStream::indexed(w, sizeof(float), h.dev.weightIdx[p], h.weightIdx[p].size()));
-      work[p].recvs.push_back(RowStream::flat(weights + wAt[p], h.recv.fanRows[p].size() * sizeof(float)));
-    }
-    FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine (weights)", a, work, false, stream, true));
+  // The landing area: first, per expert rank p, the routing weights p's kernel reads from here
+  // (RANK: one per row p received from this rank, in p's order), then every rank's partial rows
+  // (or raw rows, NONE) in rank order, as the final sum's terms index them.
+  const bool weighted = h.dedup != Dedup::None;
+  std::vector<size_t> wAt(n, 0), rowsAt(n, 0);
+  size_t wBytes = 0, rowBytes = 0;
+  for (int p = 0; p < n; ++p) {
+    wAt[p] = wBytes;
+    if (weighted) wBytes += (h.weightIdx[p].size() * sizeof(float) + 15) / 16 * 16;
   }
-  // 2. One partial (RANK) or raw row (NONE) per received row, straight into the source's landing.
-  size_t landingBytes = 0;
-  for (int p = 0; p < n; ++p) landingBytes += h.send.rows[p].size() * rowOut;
-  char* landing = joinScratch(c, kLandingScratch, landingBytes, &a);
+  for (int p = 0; p < n; ++p) rowsAt[p] = wBytes + rowBytes, rowBytes += h.send.rows[p].size() * rowOut;
+  char* landing = joinScratch(c, kLandingScratch, wBytes + rowBytes, &a);
+  if (weighted && a.status == fuscoSuccess) {
+    std::vector<DevGatherTask> gather(n);
+    for (int p = 0; p < n; ++p)
+      gather[p] = DevGatherTask{topkWeights ? topkWeights : h.dev.ones, h.dev.weightIdx[p],
+                                reinterpret_cast<float*>(landing + wAt[p]), h.weightIdx[p].size()};
+    joinFailure(deviceGatherFloats(gather, stream), &a);
+  }
+  // One operation: each expert rank's kernel reads the weights and writes one partial (RANK) or
+  // raw row (NONE) per received row straight into the source's landing rows.
   std::vector<DevProducer> producers(n);
   std::vector<PeerWork>& work = *workOut;
-  size_t at = 0;
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
     const size_t back = h.recv.rowsFrom(p);
-    if (h.dedup != Dedup::None) {
+    if (weighted) {
       producers[p] = DevProducer{dt, hidden, static_cast<const char*>(expertOut), h.dev.recvFanStart[p],
-                                 h.dev.recvFanRows[p], reinterpret_cast<const float*>(weights + wAt[p])};
+                                 h.dev.recvFanRows[p], h.recv.fanRows[p].size()};
       RowStream s = RowStream::indexed(nullptr, rowOut, nullptr, back);
       s.devProduce = &producers[p];
       work[p].sends.push_back(s);
     } else {
       work[p].sends.push_back(RowStream::indexed(expertOut, rowOut, h.dev.recvFanRows[p], back));
     }
-    const size_t bytes = h.send.rows[p].size() * rowOut;
-    work[p].recvs.push_back(RowStream::flat(landing + at, bytes));
-    at += bytes;
+    RowStream r = RowStream::flat(landing + rowsAt[p], h.send.rows[p].size() * rowOut);
+    r.pullBytes = weighted ? rowsAt[p] - wAt[p] : 0;
+    work[p].recvs.push_back(r);
   }
-  FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, h.dedup != Dedup::None, stream, true));
-  // 3. The source's sum over ranks, in rank order.
+  FUSCO_CHECK(runMoeOp(h.comm, "fuscoMoeCombine", a, work, false, stream, true));
+  // The source's sum over ranks, in rank order.
   DevFinalSum f;
-  f.landing = landing;
-  f.tokStart = h.dev.tokStart;
-  f.grpStart = h.dev.grpStart;
+  f.landing = landing + wBytes;
+  f.termStart = h.dev.termStart;
   f.termRow = h.dev.termRow;
   f.termWeight = h.dev.termWeight;
+  f.termLast = h.dev.termLast;
   f.weights = topkWeights;
   f.out = static_cast<char*>(out);
   f.ntokens = h.numTokens;

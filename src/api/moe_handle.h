@@ -49,11 +49,11 @@ struct fuscoMoeHandle {
     std::vector<const int64_t*> sendRows, remoteFanRows, recvFanRows, weightIdx;  // [nranks]
     std::vector<const uint32_t*> sendKStart, recvFanStart;                         // [nranks]
     const int64_t* paddingRows = nullptr;
-    // The source's final sum (DevFinalSum): per token, groups (ranks) of landing-row terms.
-    const uint32_t* tokStart = nullptr;
-    const uint32_t* grpStart = nullptr;
+    // The source's final sum (DevFinalSum): per token, landing-row terms grouped by rank.
+    const uint32_t* termStart = nullptr;
     const int64_t* termRow = nullptr;
     const int64_t* termWeight = nullptr;
+    const uint8_t* termLast = nullptr;
     const float* ones = nullptr;  // [numTokens * topk] weights of 1 (combine without weights)
   } dev;
   fusco::DeviceBuffer devBuffer;

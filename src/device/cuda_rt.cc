@@ -194,6 +194,7 @@ fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
 fuscoResult_t deviceWeightedReduce(fuscoDataType_t, size_t, const std::vector<DevReduceTask>&, void*) { return notBuilt(); }
 fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) { return notBuilt(); }
+fuscoResult_t deviceGatherFloats(const std::vector<DevGatherTask>&, void*) { return notBuilt(); }
 fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
 
 #endif

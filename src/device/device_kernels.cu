@@ -1,10 +1,12 @@
 // The CUDA path's kernels (device_ops.h). Memory-bound copies and sums: 16-byte accesses
 // wherever the rows allow them, several loads in flight per thread before the first store, one
-// warp per copied row (one block per summed row), and a persistent grid capped at
-// FUSCO_CUDA_SMS multiprocessors so communication leaves the rest of the GPU to compute.
+// warp per copied row (one block per summed row), and a persistent grid of the blocks that are
+// resident at once, capped at FUSCO_CUDA_SMS multiprocessors so communication leaves the rest of
+// the GPU to compute.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "core/log.h"
@@ -20,7 +22,8 @@ namespace {
 constexpr int kBatch = 32;          // copy tasks per launch (kernel parameters, by value)
 constexpr int kCopyThreads = 256;   // 8 warps, one row each at a time
 constexpr int kUnroll = 4;          // 16-byte loads in flight per lane
-constexpr int kSumThreads = 128;
+constexpr int kSumThreads = 128;   // one summed row per block
+constexpr int kGatherThreads = 256;
 
 struct CopyBatch {
   DevCopyTask t[kBatch];
@@ -60,7 +63,7 @@ __device__ __forceinline__ void warpCopy(const char* s, char* const* dsts, int n
   }
 }
 
-constexpr int kMaxFan = 64;  // destinations handled per pass over a row (topk is far smaller)
+constexpr int kMaxFan = 8;  // destinations per pass over a row (more: the row is read again per 8)
 
 __global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant__ CopyBatch b) {
   const int lane = threadIdx.x & 31;
@@ -169,13 +172,100 @@ struct ReduceBatch {
   uint64_t hidden;
 };
 
-constexpr int kSumUnroll = 4;  // vectors per thread in flight in the sum kernels
+// The sum kernels: one block per summed row. The block first stages its terms' row addresses and
+// weights in shared memory (one round of index loads instead of a dependent chain per term), then
+// each thread loads U vectors of C terms before the first add, so many loads are in flight. Terms
+// are added in their fixed order, so the bits do not depend on U or C. The partial sums have few
+// terms per row (a token's experts on one rank): more vectors; the final sum has one term per
+// rank: more terms.
+constexpr int kReduceU = 4, kReduceC = 2;
+constexpr int kFinalU = 2, kFinalC = 4;
+constexpr int kTermsShared = 64;  // terms staged in shared memory (later ones read their index directly)
+
+// One vector of a row: 16 bytes (V elements) when aligned, else one element, kept raw until used.
+template <int kDt, int V>
+struct Lane {
+  using Raw = typename std::conditional<(V > 1), uint4, float>::type;
+  static __device__ __forceinline__ Raw load(const char* row, uint64_t j) {
+    if constexpr (V > 1) return reinterpret_cast<const uint4*>(row)[j];
+    else return Elem<kDt>::load(row, j);
+  }
+  static __device__ __forceinline__ float get(const Raw& r, int v) {
+    if constexpr (V > 1) return Elem<kDt>::load(reinterpret_cast<const char*>(&r), v);
+    else return r;
+  }
+};
+
+// A term of a sum: its row, its weight (1 and unweighted when `plain`), whether it closes a group.
+struct Term {
+  const char* row;
+  float w;
+  bool plain;
+  bool last;
+};
+
+// Adds terms [0, nt) of one row into acc (per group: grp, rounded into acc when a group closes;
+// kGrouped false: one group, no rounding). term(k) gives term k.
+template <int kDt, int V, bool kGrouped, int U, int C, typename TermOf>
+__device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, TermOf term, float (&acc)[U][V]) {
+  using L = Lane<kDt, V>;
+  float grp[U][V];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[u][v] = grp[u][v] = 0.0f;
+  for (int k0 = 0; k0 < nt; k0 += C) {
+    typename L::Raw x[C][U];
+    Term tc[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (k0 + c >= nt) continue;
+      tc[c] = term(k0 + c);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint64_t j = j0 + static_cast<uint64_t>(u) * blockDim.x;
+        if (j < nvec) x[c][u] = L::load(tc[c].row, j);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (k0 + c >= nt) continue;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float xv = L::get(x[c][u], v);
+          float& dst = kGrouped ? grp[u][v] : acc[u][v];
+          dst = __fadd_rn(dst, tc[c].plain ? xv : __fmul_rn(tc[c].w, xv));
+        }
+      if (kGrouped && tc[c].last) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            acc[u][v] = __fadd_rn(acc[u][v], roundTrip<kDt>(grp[u][v]));
+            grp[u][v] = 0.0f;
+          }
+      }
+    }
+  }
+}
+
+template <int kDt, int V, int U>
+__device__ __forceinline__ void storeSums(char* dst, uint64_t j0, uint64_t nvec, const float (&acc)[U][V]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint64_t j = j0 + static_cast<uint64_t>(u) * blockDim.x;
+    if (j < nvec) storeVec<kDt, V>(dst, j * V, acc[u]);
+  }
+}
 
 template <int kDt, int V>
 __global__ void __launch_bounds__(kSumThreads) reduceKernel(const __grid_constant__ ReduceBatch b) {
+  __shared__ Term staged[kTermsShared];
   const uint64_t total = b.rowStart[b.n];
   const uint64_t rowBytes = b.hidden * Elem<kDt>::kSize;
-  const uint64_t stride = static_cast<uint64_t>(blockDim.x) * V;
+  const uint64_t nvec = b.hidden / V;
   for (uint64_t g = blockIdx.x; g < total; g += gridDim.x) {
     int lo = 0, hi = b.n - 1;
     while (lo < hi) {
@@ -185,72 +275,68 @@ __global__ void __launch_bounds__(kSumThreads) reduceKernel(const __grid_constan
     }
     const DevReduceTask& t = b.t[lo];
     const uint64_t i = g - b.rowStart[lo];
-    const uint32_t f0 = t.fanStart[i], f1 = t.fanStart[i + 1];
-    char* dst = t.dst + i * rowBytes;
-    for (uint64_t j0 = static_cast<uint64_t>(threadIdx.x) * V; j0 < b.hidden; j0 += stride * kSumUnroll) {
-      float acc[kSumUnroll][V], x[kSumUnroll][V];
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u)
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[u][v] = 0.0f;
-      for (uint32_t f = f0; f < f1; ++f) {
-        const float w = t.weights[f];
-        const char* row = t.src + static_cast<uint64_t>(t.fanRows[f]) * rowBytes;
-#pragma unroll
-        for (int u = 0; u < kSumUnroll; ++u)
-          if (j0 + u * stride < b.hidden) loadVec<kDt, V>(row, j0 + u * stride, x[u]);
-#pragma unroll
-        for (int u = 0; u < kSumUnroll; ++u)
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[u][v] = __fadd_rn(acc[u][v], __fmul_rn(w, x[u][v]));
-      }
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u)
-        if (j0 + u * stride < b.hidden) storeVec<kDt, V>(dst, j0 + u * stride, acc[u]);
+    const uint32_t f0 = t.fanStart[i];
+    const int nt = static_cast<int>(t.fanStart[i + 1] - f0);
+    auto load = [&](int k) {
+      return Term{t.src + static_cast<uint64_t>(t.fanRows[f0 + k]) * rowBytes, t.weights[f0 + k], false, false};
+    };
+    __syncthreads();  // the previous row's staged terms are no longer read
+    for (int k = threadIdx.x; k < nt && k < kTermsShared; k += blockDim.x) staged[k] = load(k);
+    __syncthreads();
+    auto term = [&](int k) { return k < kTermsShared ? staged[k] : load(k); };
+    for (uint64_t j0 = threadIdx.x; j0 < nvec; j0 += static_cast<uint64_t>(blockDim.x) * kReduceU) {
+      float acc[kReduceU][V];
+      sumTerms<kDt, V, false, kReduceU, kReduceC>(nt, j0, nvec, term, acc);
+      storeSums<kDt, V, kReduceU>(t.dst + i * rowBytes, j0, nvec, acc);
     }
   }
 }
 
 template <int kDt, int V>
 __global__ void __launch_bounds__(kSumThreads) finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden) {
+  __shared__ Term staged[kTermsShared];
   const uint64_t rowBytes = hidden * Elem<kDt>::kSize;
-  const uint64_t stride = static_cast<uint64_t>(blockDim.x) * V;
+  const uint64_t nvec = hidden / V;
   for (uint64_t t = blockIdx.x; t < f.ntokens; t += gridDim.x) {
-    const uint32_t g0 = f.tokStart[t], g1 = f.tokStart[t + 1];
-    for (uint64_t j0 = static_cast<uint64_t>(threadIdx.x) * V; j0 < hidden; j0 += stride * kSumUnroll) {
-      float node[kSumUnroll][V], rank[kSumUnroll][V], x[kSumUnroll][V];
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u)
-#pragma unroll
-        for (int v = 0; v < V; ++v) node[u][v] = 0.0f;
-      for (uint32_t g = g0; g < g1; ++g) {
-#pragma unroll
-        for (int u = 0; u < kSumUnroll; ++u)
-#pragma unroll
-          for (int v = 0; v < V; ++v) rank[u][v] = 0.0f;
-        for (uint32_t k = f.grpStart[g]; k < f.grpStart[g + 1]; ++k) {
-          const char* row = f.landing + static_cast<uint64_t>(f.termRow[k]) * rowBytes;
-#pragma unroll
-          for (int u = 0; u < kSumUnroll; ++u)
-            if (j0 + u * stride < hidden) loadVec<kDt, V>(row, j0 + u * stride, x[u]);
-          const int64_t wi = f.termWeight[k];
-          const bool weighted = wi >= 0 && f.weights != nullptr;
-          const float w = weighted ? f.weights[wi] : 1.0f;
-#pragma unroll
-          for (int u = 0; u < kSumUnroll; ++u)
-#pragma unroll
-            for (int v = 0; v < V; ++v)
-              rank[u][v] = __fadd_rn(rank[u][v], weighted ? __fmul_rn(w, x[u][v]) : x[u][v]);
-        }
-#pragma unroll
-        for (int u = 0; u < kSumUnroll; ++u)
-#pragma unroll
-          for (int v = 0; v < V; ++v) node[u][v] = __fadd_rn(node[u][v], roundTrip<kDt>(rank[u][v]));
-      }
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u)
-        if (j0 + u * stride < hidden) storeVec<kDt, V>(f.out + t * rowBytes, j0 + u * stride, node[u]);
+    const uint32_t k0 = f.termStart[t];
+    const int nt = static_cast<int>(f.termStart[t + 1] - k0);
+    auto load = [&](int k) {
+      const int64_t wi = f.termWeight[k0 + k];
+      const bool plain = wi < 0 || f.weights == nullptr;
+      return Term{f.landing + static_cast<uint64_t>(f.termRow[k0 + k]) * rowBytes, plain ? 1.0f : f.weights[wi],
+                  plain, f.termLast[k0 + k] != 0};
+    };
+    __syncthreads();
+    for (int k = threadIdx.x; k < nt && k < kTermsShared; k += blockDim.x) staged[k] = load(k);
+    __syncthreads();
+    auto term = [&](int k) { return k < kTermsShared ? staged[k] : load(k); };
+    for (uint64_t j0 = threadIdx.x; j0 < nvec; j0 += static_cast<uint64_t>(blockDim.x) * kFinalU) {
+      float acc[kFinalU][V];
+      sumTerms<kDt, V, true, kFinalU, kFinalC>(nt, j0, nvec, term, acc);
+      storeSums<kDt, V, kFinalU>(f.out + t * rowBytes, j0, nvec, acc);
     }
+  }
+}
+
+// dst[i] = src[idx[i]] for every task (the routing weights an expert rank reads).
+struct GatherBatch {
+  DevGatherTask t[kBatch];
+  uint64_t start[kBatch + 1];
+  int n;
+};
+
+__global__ void gatherFloatsKernel(const __grid_constant__ GatherBatch b) {
+  const uint64_t total = b.start[b.n];
+  for (uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
+       g += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    int lo = 0, hi = b.n - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (b.start[mid] <= g) lo = mid;
+      else hi = mid - 1;
+    }
+    const uint64_t i = g - b.start[lo];
+    b.t[lo].dst[i] = b.t[lo].src[b.t[lo].idx[i]];
   }
 }
 
@@ -281,6 +367,18 @@ unsigned gridFor(uint64_t units, int perSm) {
   return static_cast<unsigned>(std::max<uint64_t>(blocks, 1));
 }
 
+// Blocks of `threads` threads of `kernel` resident on one multiprocessor at once (its registers
+// and shared memory decide): a persistent grid of more would run in a second, partial wave.
+template <typename Kernel>
+int residentPerSm(Kernel kernel, int threads) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; the launch itself reports a real failure
+    n = 1;
+  }
+  return n > 0 ? n : 1;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <int kDt>
@@ -301,9 +399,11 @@ fuscoResult_t reduceTyped(size_t hidden, const std::vector<DevReduceTask>& tasks
       ++b.n;
     }
     if (b.n == 0) continue;
-    unsigned grid = gridFor(b.rowStart[b.n], 8);
-    if (allAligned) reduceKernel<kDt, 16 / Elem<kDt>::kSize><<<grid, kSumThreads, 0, s>>>(b);
-    else reduceKernel<kDt, 1><<<grid, kSumThreads, 0, s>>>(b);
+    constexpr int V = 16 / Elem<kDt>::kSize;
+    static const int perSmVec = residentPerSm(reduceKernel<kDt, V>, kSumThreads);
+    static const int perSmOne = residentPerSm(reduceKernel<kDt, 1>, kSumThreads);
+    if (allAligned) reduceKernel<kDt, V><<<gridFor(b.rowStart[b.n], perSmVec), kSumThreads, 0, s>>>(b);
+    else reduceKernel<kDt, 1><<<gridFor(b.rowStart[b.n], perSmOne), kSumThreads, 0, s>>>(b);
     FUSCO_CHECK(launchResult("launching the combine partial-sum kernel"));
   }
   return fuscoSuccess;
@@ -312,9 +412,11 @@ fuscoResult_t reduceTyped(size_t hidden, const std::vector<DevReduceTask>& tasks
 template <int kDt>
 fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
   const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0 && aligned16(f.landing) && aligned16(f.out);
-  unsigned grid = gridFor(f.ntokens, 8);
-  if (vec) finalSumKernel<kDt, 16 / Elem<kDt>::kSize><<<grid, kSumThreads, 0, s>>>(f, hidden);
-  else finalSumKernel<kDt, 1><<<grid, kSumThreads, 0, s>>>(f, hidden);
+  constexpr int V = 16 / Elem<kDt>::kSize;
+  static const int perSmVec = residentPerSm(finalSumKernel<kDt, V>, kSumThreads);
+  static const int perSmOne = residentPerSm(finalSumKernel<kDt, 1>, kSumThreads);
+  if (vec) finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden);
+  else finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden);
   return launchResult("launching the combine final-sum kernel");
 }
 
@@ -338,7 +440,8 @@ fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
       ++b.n;
     }
     if (b.n == 0) continue;
-    copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, 8), kCopyThreads, 0, s>>>(b);
+    static const int perSm = residentPerSm(copyKernel, kCopyThreads);
+    copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, perSm), kCopyThreads, 0, s>>>(b);
     FUSCO_CHECK(launchResult("launching the row copy kernel"));
   }
   return fuscoSuccess;
@@ -364,6 +467,24 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSu
     case fuscoFloat16: return finalTyped<fuscoFloat16>(hidden, f, s);
     default: return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d", static_cast<int>(dt));
   }
+}
+
+fuscoResult_t deviceGatherFloats(const std::vector<DevGatherTask>& tasks, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  size_t at = 0;
+  while (at < tasks.size()) {
+    GatherBatch b{};
+    for (; at < tasks.size() && b.n < kBatch; ++at) {
+      if (tasks[at].n == 0) continue;
+      b.t[b.n] = tasks[at];
+      b.start[b.n + 1] = b.start[b.n] + tasks[at].n;
+      ++b.n;
+    }
+    if (b.n == 0) continue;
+    gatherFloatsKernel<<<gridFor((b.start[b.n] + kGatherThreads - 1) / kGatherThreads, 4), kGatherThreads, 0, s>>>(b);
+    FUSCO_CHECK(launchResult("launching the weight gather kernel"));
+  }
+  return fuscoSuccess;
 }
 
 fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream) {

@@ -47,22 +47,31 @@ struct DevReduceTask {
 fuscoResult_t deviceWeightedReduce(fuscoDataType_t dt, size_t hidden, const std::vector<DevReduceTask>& tasks,
                                    void* stream);
 
-// The source's final sum over one node: for token t, groups g in [tokStart[t], tokStart[t+1]) (one
-// per rank, rank ascending), each with terms [grpStart[g], grpStart[g+1]) of landing rows:
-//   out[t] = round_dt(sum_g widen(round_dt(sum_terms w * row)))
-// where w = weights[termWeight[term]], or the row itself when termWeight < 0 or weights is null.
-// A token without groups gets zeros.
+// The source's final sum over one node: token t's terms are [termStart[t], termStart[t+1]), one
+// group per rank that holds rows of it (rank ascending), termLast[k] != 0 closing a group:
+//   out[t] = round_dt(sum_groups widen(round_dt(sum_terms w * row)))
+// where row = landing row termRow[k] and w = weights[termWeight[k]], or the row itself when
+// termWeight < 0 or weights is null. A token without terms gets zeros.
 struct DevFinalSum {
   const char* landing = nullptr;
-  const uint32_t* tokStart = nullptr;
-  const uint32_t* grpStart = nullptr;
+  const uint32_t* termStart = nullptr;
   const int64_t* termRow = nullptr;
   const int64_t* termWeight = nullptr;
+  const uint8_t* termLast = nullptr;
   const float* weights = nullptr;
   char* out = nullptr;
   uint64_t ntokens = 0;
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
+
+// dst[i] = src[idx[i]] for i < n (floats; host twin: gatherBytes with 4-byte rows).
+struct DevGatherTask {
+  const float* src = nullptr;
+  const int64_t* idx = nullptr;
+  float* dst = nullptr;
+  uint64_t n = 0;
+};
+fuscoResult_t deviceGatherFloats(const std::vector<DevGatherTask>& tasks, void* stream);
 
 // Zero-fills rows[0..n) of base (rows of rowBytes).
 fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream);

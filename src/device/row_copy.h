@@ -22,13 +22,15 @@ namespace fusco {
 
 // A send stream of the CUDA path computed by a kernel (combine's partial sums at the expert rank):
 // row i = round_dt(sum over f in [fanStart[i], fanStart[i+1]) of weights[f] * src[fanRows[f]]).
+// The numWeights weights are read from the receiver: the first bytes of the buffer it offers
+// (see RowStream::pullBytes), so they travel in no operation of their own.
 struct DevProducer {
   fuscoDataType_t dt = fuscoFloat32;
   size_t hidden = 0;
   const char* src = nullptr;
   const uint32_t* fanStart = nullptr;
   const int64_t* fanRows = nullptr;
-  const float* weights = nullptr;
+  size_t numWeights = 0;
 };
 
 struct RowStream {
@@ -53,6 +55,9 @@ struct RowStream {
   // bytes may be read now (monotone); nullptr: all of them.
   size_t (*ready)(const void* ctx) = nullptr;
   const void* readyCtx = nullptr;
+  // Receive side, CUDA path: the offer to the sender starts pullBytes before base; the receiver
+  // fills those bytes before the operation and the sender's kernel reads them (DevProducer).
+  size_t pullBytes = 0;
   // Receive side: where the engine publishes how many leading bytes have landed so far (what a
   // forwarder's gates read); nullptr: not published.
   size_t* landed = nullptr;

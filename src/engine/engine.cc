@@ -164,9 +164,9 @@ void OpRunner::buildHeaders() {
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
     for (const auto& r : op_.peers[p].recvs) {
       uint64_t token = kStagedToken;
-      const size_t extent = r.extentBytes();
-      if (direct && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
-          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base, extent, &token))
+      const size_t extent = r.extentBytes() + r.pullBytes;
+      if ((direct || r.pullBytes > 0) && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
+          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base - r.pullBytes, extent, &token))
         token = kStagedToken;
       h.recvBytes.push_back(r.bytes());
       h.recvTokens.push_back(token);

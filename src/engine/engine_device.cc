@@ -64,6 +64,9 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
     offers->stagedAt[p].assign(h.recvBytes.size(), -1);
     for (size_t m = 0; m < h.recvBytes.size(); ++m) {
       if (h.recvTokens[m] != kStagedToken || h.recvBytes[m] == 0) continue;  // offered in place
+      if (op.peers[p].recvs[m].pullBytes > 0)
+        return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: a buffer rank %d reads from cannot be offered to it",
+                          op.name, p);
       offers->stagedAt[p][m] = static_cast<int64_t>(staged);
       staged += (h.recvBytes[m] + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
     }
@@ -122,8 +125,10 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
       const RowStream& src = w.sends[m];
       if (src.bytes() == 0) continue;
       RowStream dst;
+      const char* pulled = nullptr;  // the start of the receiver's offer (what a producer reads)
       if (p == me) {
         dst = op.peers[me].recvs[m];
+        pulled = dst.base - dst.pullBytes;
       } else {
         const uint64_t token = theirs[p].recvTokens[m], extent = theirs[p].recvExtents[m];
         const PeerConn& pc = c.conn(p);
@@ -139,18 +144,27 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
           dst = w.remoteDst[m];
           dst.base = static_cast<char*>(base);
         } else {
-          dst = RowStream::flat(base, src.bytes());
+          if (extent < src.bytes())
+            return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d offered %llu bytes for a %zu-byte message %zu",
+                              op.name, p, static_cast<unsigned long long>(extent), src.bytes(), m);
+          // A producer's rows end the offer; what precedes them is what it reads (pullBytes).
+          const uint64_t lead = src.devProduce != nullptr ? extent - src.bytes() : 0;
+          pulled = static_cast<char*>(base);
+          dst = RowStream::flat(static_cast<char*>(base) + lead, src.bytes());
         }
       }
       if (src.devProduce != nullptr) {
         if (!dst.contiguous())
           return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: partial sums must land contiguously", op.name);
         producer = src.devProduce;
+        if (pulled == nullptr || static_cast<size_t>(dst.base - pulled) < producer->numWeights * sizeof(float))
+          return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d offered no room for the %zu weights of message %zu",
+                            op.name, p, producer->numWeights, m);
         DevReduceTask t;
         t.src = producer->src;
         t.fanStart = producer->fanStart;
         t.fanRows = producer->fanRows;
-        t.weights = producer->weights;
+        t.weights = reinterpret_cast<const float*>(pulled);
         t.dst = dst.base;
         t.nrows = src.nrows;
         sums.push_back(t);
