@@ -18,7 +18,8 @@
 using namespace fusco;
 
 fuscoResult_t fusco::runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
-                              const std::vector<PeerWork>& work, bool agreed, void* stream, bool onDevice) {
+                              const std::vector<PeerWork>& work, bool agreed, void* stream, bool onDevice,
+                              std::function<fuscoResult_t(const std::vector<const char*>&, void*)> pullRun) {
   Communicator& c = *comm->impl;
   Op op(c.nranks());
   op.stream = stream;
@@ -29,6 +30,7 @@ fuscoResult_t fusco::runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck
   op.argStatus = a.status;
   op.argError = a.message;
   op.agreed = agreed;
+  op.pullRun = std::move(pullRun);
   if (a.status == fuscoSuccess) op.peers = work;
   return runOp(c, op);
 }
@@ -582,9 +584,10 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut, fu
     std::vector<PeerWork> work(comm->impl->nranks());
     if (isCudaComm(comm)) FUSCO_CHECK(deviceCombine(h, expertOut, type, hidden, topkWeights, out, a, stream, &work));
     else FUSCO_CHECK(combine(h, expertOut, type, hidden, topkWeights, out, a, &work));
-    // What this rank put on each path: the routing weights (RANK), then the rows it sent back.
+    // What this rank put on each path: the routing weights (RANK, host path), then the rows it
+    // sent back (on the GPU: the rows its peers read from it).
     Traffic traffic;
-    for (int p = 0; p < comm->impl->nranks() && h.dedup != Dedup::None; ++p)
+    for (int p = 0; p < comm->impl->nranks() && h.dedup != Dedup::None && !isCudaComm(comm); ++p)
       traffic.add(*comm->impl, p, 0, h.weightIdx[p].size() * sizeof(float));
     traffic.addSends(*comm->impl, work, hidden * dataTypeSize(type));
     h.stats.combineBytesIntraNode = traffic.intraBytes;

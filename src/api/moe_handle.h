@@ -2,6 +2,7 @@
 // dispatch and combine reuse across calls.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "api/api_internal.h"
@@ -46,15 +47,15 @@ struct fuscoMoeHandle {
   // fuscoMemCuda comms: the plan's index lists on the device (one upload per plan, stream-ordered;
   // dispatch and combine streams wait for it), as pointers into `devBuffer`.
   struct DevicePlan {
-    std::vector<const int64_t*> sendRows, remoteFanRows, recvFanRows, weightIdx;  // [nranks]
+    std::vector<const int64_t*> sendRows, remoteFanRows, recvFanRows;  // [nranks]
     std::vector<const uint32_t*> sendKStart, recvFanStart;                         // [nranks]
     const int64_t* paddingRows = nullptr;
-    // The source's final sum (DevFinalSum): per token, landing-row terms grouped by rank.
+    // Combine's sum at the source (DevFinalSum): per token, expert-output rows grouped by rank.
     const uint32_t* termStart = nullptr;
+    const uint32_t* termRank = nullptr;
     const int64_t* termRow = nullptr;
     const int64_t* termWeight = nullptr;
     const uint8_t* termLast = nullptr;
-    const float* ones = nullptr;  // [numTokens * topk] weights of 1 (combine without weights)
   } dev;
   fusco::DeviceBuffer devBuffer;
 };
@@ -65,10 +66,12 @@ namespace fusco {
 // from rank p. A rank whose own arguments failed (`a`) still takes part so nobody waits for it.
 // agreed: every rank already validated this call in an earlier operation (no verdict round).
 // onDevice: the buffers are device memory of a fuscoMemCuda comm and move on `stream`; otherwise
-// they are host memory (also on a CUDA comm: the planner's own exchanges).
+// they are host memory (also on a CUDA comm: the planner's own exchanges). pullRun: a pull
+// operation on the device (engine.h's Op::pullRun).
 fuscoResult_t runMoeOp(fuscoComm_t comm, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed = false, void* stream = nullptr,
-                       bool onDevice = false);
+                       bool onDevice = false,
+                       std::function<fuscoResult_t(const std::vector<const char*>&, void*)> pullRun = nullptr);
 
 // A local step that failed before a collective operation (scratch, device set-up): recorded as
 // this rank's error in *a, so the rank still joins the operation and its peers fail at once with

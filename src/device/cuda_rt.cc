@@ -118,6 +118,13 @@ fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void*
   return fuscoSuccess;
 }
 
+fuscoResult_t cudaCopyToDeviceAsync(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return fuscoSuccess;
+  FUSCO_CUDACHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+                  kEngine);
+  return fuscoSuccess;
+}
+
 void cudaDeviceSyncQuiet() {
   cudaDeviceSynchronize();
   cudaGetLastError();
@@ -183,6 +190,7 @@ bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamWriteFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t cudaCopyToDeviceAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }
@@ -192,9 +200,7 @@ fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
-fuscoResult_t deviceWeightedReduce(fuscoDataType_t, size_t, const std::vector<DevReduceTask>&, void*) { return notBuilt(); }
 fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) { return notBuilt(); }
-fuscoResult_t deviceGatherFloats(const std::vector<DevGatherTask>&, void*) { return notBuilt(); }
 fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
 
 #endif

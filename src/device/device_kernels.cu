@@ -22,8 +22,7 @@ namespace {
 constexpr int kBatch = 32;          // copy tasks per launch (kernel parameters, by value)
 constexpr int kCopyThreads = 256;   // 8 warps, one row each at a time
 constexpr int kUnroll = 4;          // 16-byte loads in flight per lane
-constexpr int kSumThreads = 128;   // one summed row per block
-constexpr int kGatherThreads = 256;
+constexpr int kSumThreads = 128;  // one summed token per block
 
 struct CopyBatch {
   DevCopyTask t[kBatch];
@@ -165,21 +164,11 @@ __device__ __forceinline__ float roundTrip(float x) {
   else return halfToFloatInline(floatToHalfInline(x));
 }
 
-struct ReduceBatch {
-  DevReduceTask t[kBatch];
-  uint64_t rowStart[kBatch + 1];
-  int n;
-  uint64_t hidden;
-};
-
-// The sum kernels: one block per summed row. The block first stages its terms' row addresses and
+// The combine sum: one block per token. The block first stages its terms' row addresses and
 // weights in shared memory (one round of index loads instead of a dependent chain per term), then
 // each thread loads U vectors of C terms before the first add, so many loads are in flight. Terms
-// are added in their fixed order, so the bits do not depend on U or C. The partial sums have few
-// terms per row (a token's experts on one rank): more vectors; the final sum has one term per
-// rank: more terms.
-constexpr int kReduceU = 4, kReduceC = 2;
-constexpr int kFinalU = 2, kFinalC = 4;
+// are added in their fixed order, so the bits do not depend on U or C.
+constexpr int kSumU = 2, kSumC = 4;
 constexpr int kTermsShared = 64;  // terms staged in shared memory (later ones read their index directly)
 
 // One vector of a row: 16 bytes (V elements) when aligned, else one element, kept raw until used.
@@ -196,7 +185,7 @@ struct Lane {
   }
 };
 
-// A term of a sum: its row, its weight (1 and unweighted when `plain`), whether it closes a group.
+// A term of a sum: its row, its weight (unweighted when `plain`), whether it closes its group.
 struct Term {
   const char* row;
   float w;
@@ -204,90 +193,48 @@ struct Term {
   bool last;
 };
 
-// Adds terms [0, nt) of one row into acc (per group: grp, rounded into acc when a group closes;
-// kGrouped false: one group, no rounding). term(k) gives term k.
-template <int kDt, int V, bool kGrouped, int U, int C, typename TermOf>
-__device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, TermOf term, float (&acc)[U][V]) {
+// Vectors j0 + u * blockDim.x (u < U) of one token: every group's terms summed in fp32 in order
+// and rounded to the datatype when the group closes, the groups summed in order into acc.
+template <int kDt, int V, typename TermOf>
+__device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, TermOf term, float (&acc)[kSumU][V]) {
   using L = Lane<kDt, V>;
-  float grp[U][V];
+  float grp[kSumU][V];
 #pragma unroll
-  for (int u = 0; u < U; ++u)
+  for (int u = 0; u < kSumU; ++u)
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[u][v] = grp[u][v] = 0.0f;
-  for (int k0 = 0; k0 < nt; k0 += C) {
-    typename L::Raw x[C][U];
-    Term tc[C];
+  for (int k0 = 0; k0 < nt; k0 += kSumC) {
+    typename L::Raw x[kSumC][kSumU];
+    Term tc[kSumC];
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < kSumC; ++c) {
       if (k0 + c >= nt) continue;
       tc[c] = term(k0 + c);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < kSumU; ++u) {
         const uint64_t j = j0 + static_cast<uint64_t>(u) * blockDim.x;
         if (j < nvec) x[c][u] = L::load(tc[c].row, j);
       }
     }
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < kSumC; ++c) {
       if (k0 + c >= nt) continue;
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (int u = 0; u < kSumU; ++u)
 #pragma unroll
         for (int v = 0; v < V; ++v) {
           const float xv = L::get(x[c][u], v);
-          float& dst = kGrouped ? grp[u][v] : acc[u][v];
-          dst = __fadd_rn(dst, tc[c].plain ? xv : __fmul_rn(tc[c].w, xv));
+          grp[u][v] = __fadd_rn(grp[u][v], tc[c].plain ? xv : __fmul_rn(tc[c].w, xv));
         }
-      if (kGrouped && tc[c].last) {
+      if (tc[c].last) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < kSumU; ++u)
 #pragma unroll
           for (int v = 0; v < V; ++v) {
             acc[u][v] = __fadd_rn(acc[u][v], roundTrip<kDt>(grp[u][v]));
             grp[u][v] = 0.0f;
           }
       }
-    }
-  }
-}
-
-template <int kDt, int V, int U>
-__device__ __forceinline__ void storeSums(char* dst, uint64_t j0, uint64_t nvec, const float (&acc)[U][V]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const uint64_t j = j0 + static_cast<uint64_t>(u) * blockDim.x;
-    if (j < nvec) storeVec<kDt, V>(dst, j * V, acc[u]);
-  }
-}
-
-template <int kDt, int V>
-__global__ void __launch_bounds__(kSumThreads) reduceKernel(const __grid_constant__ ReduceBatch b) {
-  __shared__ Term staged[kTermsShared];
-  const uint64_t total = b.rowStart[b.n];
-  const uint64_t rowBytes = b.hidden * Elem<kDt>::kSize;
-  const uint64_t nvec = b.hidden / V;
-  for (uint64_t g = blockIdx.x; g < total; g += gridDim.x) {
-    int lo = 0, hi = b.n - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (b.rowStart[mid] <= g) lo = mid;
-      else hi = mid - 1;
-    }
-    const DevReduceTask& t = b.t[lo];
-    const uint64_t i = g - b.rowStart[lo];
-    const uint32_t f0 = t.fanStart[i];
-    const int nt = static_cast<int>(t.fanStart[i + 1] - f0);
-    auto load = [&](int k) {
-      return Term{t.src + static_cast<uint64_t>(t.fanRows[f0 + k]) * rowBytes, t.weights[f0 + k], false, false};
-    };
-    __syncthreads();  // the previous row's staged terms are no longer read
-    for (int k = threadIdx.x; k < nt && k < kTermsShared; k += blockDim.x) staged[k] = load(k);
-    __syncthreads();
-    auto term = [&](int k) { return k < kTermsShared ? staged[k] : load(k); };
-    for (uint64_t j0 = threadIdx.x; j0 < nvec; j0 += static_cast<uint64_t>(blockDim.x) * kReduceU) {
-      float acc[kReduceU][V];
-      sumTerms<kDt, V, false, kReduceU, kReduceC>(nt, j0, nvec, term, acc);
-      storeSums<kDt, V, kReduceU>(t.dst + i * rowBytes, j0, nvec, acc);
     }
   }
 }
@@ -303,40 +250,23 @@ __global__ void __launch_bounds__(kSumThreads) finalSumKernel(const __grid_const
     auto load = [&](int k) {
       const int64_t wi = f.termWeight[k0 + k];
       const bool plain = wi < 0 || f.weights == nullptr;
-      return Term{f.landing + static_cast<uint64_t>(f.termRow[k0 + k]) * rowBytes, plain ? 1.0f : f.weights[wi],
-                  plain, f.termLast[k0 + k] != 0};
+      return Term{f.bases[f.termRank[k0 + k]] + static_cast<uint64_t>(f.termRow[k0 + k]) * rowBytes,
+                  plain ? 1.0f : f.weights[wi], plain, f.termLast[k0 + k] != 0};
     };
-    __syncthreads();
+    __syncthreads();  // the previous token's staged terms are no longer read
     for (int k = threadIdx.x; k < nt && k < kTermsShared; k += blockDim.x) staged[k] = load(k);
     __syncthreads();
     auto term = [&](int k) { return k < kTermsShared ? staged[k] : load(k); };
-    for (uint64_t j0 = threadIdx.x; j0 < nvec; j0 += static_cast<uint64_t>(blockDim.x) * kFinalU) {
-      float acc[kFinalU][V];
-      sumTerms<kDt, V, true, kFinalU, kFinalC>(nt, j0, nvec, term, acc);
-      storeSums<kDt, V, kFinalU>(f.out + t * rowBytes, j0, nvec, acc);
+    char* out = f.out + t * rowBytes;
+    for (uint64_t j0 = threadIdx.x; j0 < nvec; j0 += static_cast<uint64_t>(blockDim.x) * kSumU) {
+      float acc[kSumU][V];
+      sumTerms<kDt, V>(nt, j0, nvec, term, acc);
+#pragma unroll
+      for (int u = 0; u < kSumU; ++u) {
+        const uint64_t j = j0 + static_cast<uint64_t>(u) * blockDim.x;
+        if (j < nvec) storeVec<kDt, V>(out, j * V, acc[u]);
+      }
     }
-  }
-}
-
-// dst[i] = src[idx[i]] for every task (the routing weights an expert rank reads).
-struct GatherBatch {
-  DevGatherTask t[kBatch];
-  uint64_t start[kBatch + 1];
-  int n;
-};
-
-__global__ void gatherFloatsKernel(const __grid_constant__ GatherBatch b) {
-  const uint64_t total = b.start[b.n];
-  for (uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < total;
-       g += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
-    int lo = 0, hi = b.n - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (b.start[mid] <= g) lo = mid;
-      else hi = mid - 1;
-    }
-    const uint64_t i = g - b.start[lo];
-    b.t[lo].dst[i] = b.t[lo].src[b.t[lo].idx[i]];
   }
 }
 
@@ -382,42 +312,14 @@ int residentPerSm(Kernel kernel, int threads) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <int kDt>
-fuscoResult_t reduceTyped(size_t hidden, const std::vector<DevReduceTask>& tasks, cudaStream_t s) {
-  const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0;
-  // Empty tasks are skipped, so a batch may span more than kBatch tasks: `at` follows the tasks
-  // taken (as in deviceCopy), never a fixed stride that would launch some of them twice.
-  size_t at = 0;
-  while (at < tasks.size()) {
-    ReduceBatch b{};
-    b.hidden = hidden;
-    bool allAligned = vec;
-    for (; at < tasks.size() && b.n < kBatch; ++at) {
-      if (tasks[at].nrows == 0) continue;
-      allAligned = allAligned && aligned16(tasks[at].src) && aligned16(tasks[at].dst);
-      b.t[b.n] = tasks[at];
-      b.rowStart[b.n + 1] = b.rowStart[b.n] + tasks[at].nrows;
-      ++b.n;
-    }
-    if (b.n == 0) continue;
-    constexpr int V = 16 / Elem<kDt>::kSize;
-    static const int perSmVec = residentPerSm(reduceKernel<kDt, V>, kSumThreads);
-    static const int perSmOne = residentPerSm(reduceKernel<kDt, 1>, kSumThreads);
-    if (allAligned) reduceKernel<kDt, V><<<gridFor(b.rowStart[b.n], perSmVec), kSumThreads, 0, s>>>(b);
-    else reduceKernel<kDt, 1><<<gridFor(b.rowStart[b.n], perSmOne), kSumThreads, 0, s>>>(b);
-    FUSCO_CHECK(launchResult("launching the combine partial-sum kernel"));
-  }
-  return fuscoSuccess;
-}
-
-template <int kDt>
 fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
-  const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0 && aligned16(f.landing) && aligned16(f.out);
+  const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0 && f.basesAligned && aligned16(f.out);
   constexpr int V = 16 / Elem<kDt>::kSize;
   static const int perSmVec = residentPerSm(finalSumKernel<kDt, V>, kSumThreads);
   static const int perSmOne = residentPerSm(finalSumKernel<kDt, 1>, kSumThreads);
   if (vec) finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden);
   else finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden);
-  return launchResult("launching the combine final-sum kernel");
+  return launchResult("launching the combine sum kernel");
 }
 
 }  // namespace
@@ -447,17 +349,6 @@ fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
   return fuscoSuccess;
 }
 
-fuscoResult_t deviceWeightedReduce(fuscoDataType_t dt, size_t hidden, const std::vector<DevReduceTask>& tasks,
-                                   void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (dt) {
-    case fuscoFloat32: return reduceTyped<fuscoFloat32>(hidden, tasks, s);
-    case fuscoBfloat16: return reduceTyped<fuscoBfloat16>(hidden, tasks, s);
-    case fuscoFloat16: return reduceTyped<fuscoFloat16>(hidden, tasks, s);
-    default: return FUSCO_FAIL(fuscoInternalError, kEngine, "partial sums of datatype %d", static_cast<int>(dt));
-  }
-}
-
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream) {
   if (f.ntokens == 0) return fuscoSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -467,24 +358,6 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSu
     case fuscoFloat16: return finalTyped<fuscoFloat16>(hidden, f, s);
     default: return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d", static_cast<int>(dt));
   }
-}
-
-fuscoResult_t deviceGatherFloats(const std::vector<DevGatherTask>& tasks, void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  size_t at = 0;
-  while (at < tasks.size()) {
-    GatherBatch b{};
-    for (; at < tasks.size() && b.n < kBatch; ++at) {
-      if (tasks[at].n == 0) continue;
-      b.t[b.n] = tasks[at];
-      b.start[b.n + 1] = b.start[b.n] + tasks[at].n;
-      ++b.n;
-    }
-    if (b.n == 0) continue;
-    gatherFloatsKernel<<<gridFor((b.start[b.n] + kGatherThreads - 1) / kGatherThreads, 4), kGatherThreads, 0, s>>>(b);
-    FUSCO_CHECK(launchResult("launching the weight gather kernel"));
-  }
-  return fuscoSuccess;
 }
 
 fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream) {

@@ -1,10 +1,11 @@
 // The CUDA path's kernels, seen from host C++ (no CUDA headers here): row copies between device
-// buffers (gather, scatter, fan-out to several rows, all in one pass), the weighted partial sums
-// of combine, the source's final sum, and zero-filling of padding rows. Every launch is
+// buffers (gather, scatter, fan-out to several rows, all in one pass), combine's weighted sum at
+// the source over every rank's expert output, and zero-filling of padding rows. Every launch is
 // stream-ordered on `stream` (a cudaStream_t) and returns once enqueued.
 //
-// Host twins: the copies are row_copy.h's gatherBytes/scatterBytes/streamCopy; the sums are
-// reduce.h's weightedSumRows/sumRows, with the same bits (reduce_math.h is shared).
+// Host twins: the copies are row_copy.h's gatherBytes/scatterBytes/streamCopy; the sum is
+// reduce.h's weightedSumRows (each rank's group) then sumRows (over ranks), with the same bits
+// (reduce_math.h is shared).
 // Without the CUDA toolkit in the build, every launcher returns fuscoInvalidUsage.
 #pragma once
 
@@ -33,28 +34,19 @@ struct DevCopyTask {
 };
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream);
 
-// Weighted partial sums (combine at the expert rank): dst row i (contiguous) =
-// round_dt(sum over f in [fanStart[i], fanStart[i+1]) of weights[f] * src[fanRows[f]]), fp32
-// accumulation from +0 in f order, multiply and add rounded separately.
-struct DevReduceTask {
-  const char* src = nullptr;
-  const uint32_t* fanStart = nullptr;
-  const int64_t* fanRows = nullptr;
-  const float* weights = nullptr;
-  char* dst = nullptr;
-  uint64_t nrows = 0;
-};
-fuscoResult_t deviceWeightedReduce(fuscoDataType_t dt, size_t hidden, const std::vector<DevReduceTask>& tasks,
-                                   void* stream);
-
-// The source's final sum over one node: token t's terms are [termStart[t], termStart[t+1]), one
-// group per rank that holds rows of it (rank ascending), termLast[k] != 0 closing a group:
+// The combine sum at the source, read straight from every rank's expert output: token t's terms
+// are [termStart[t], termStart[t+1]), one group per rank that holds rows of it (rank ascending),
+// termLast[k] != 0 closing a group:
 //   out[t] = round_dt(sum_groups widen(round_dt(sum_terms w * row)))
-// where row = landing row termRow[k] and w = weights[termWeight[k]], or the row itself when
-// termWeight < 0 or weights is null. A token without terms gets zeros.
+// fp32 accumulation from +0 in term order, multiply and add rounded separately, where row = row
+// termRow[k] of bases[termRank[k]] (a device array of the ranks' mapped expert outputs) and
+// w = weights[termWeight[k]], or the row itself when termWeight < 0 or weights is null. A token
+// without terms gets zeros. basesAligned: every base is 16-byte aligned (checked by the caller).
 struct DevFinalSum {
-  const char* landing = nullptr;
+  const char* const* bases = nullptr;
+  bool basesAligned = false;
   const uint32_t* termStart = nullptr;
+  const uint32_t* termRank = nullptr;
   const int64_t* termRow = nullptr;
   const int64_t* termWeight = nullptr;
   const uint8_t* termLast = nullptr;
@@ -63,15 +55,6 @@ struct DevFinalSum {
   uint64_t ntokens = 0;
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
-
-// dst[i] = src[idx[i]] for i < n (floats; host twin: gatherBytes with 4-byte rows).
-struct DevGatherTask {
-  const float* src = nullptr;
-  const int64_t* idx = nullptr;
-  float* dst = nullptr;
-  uint64_t n = 0;
-};
-fuscoResult_t deviceGatherFloats(const std::vector<DevGatherTask>& tasks, void* stream);
 
 // Zero-fills rows[0..n) of base (rows of rowBytes).
 fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream);

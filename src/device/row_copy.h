@@ -20,19 +20,6 @@
 
 namespace fusco {
 
-// A send stream of the CUDA path computed by a kernel (combine's partial sums at the expert rank):
-// row i = round_dt(sum over f in [fanStart[i], fanStart[i+1]) of weights[f] * src[fanRows[f]]).
-// The numWeights weights are read from the receiver: the first bytes of the buffer it offers
-// (see RowStream::pullBytes), so they travel in no operation of their own.
-struct DevProducer {
-  fuscoDataType_t dt = fuscoFloat32;
-  size_t hidden = 0;
-  const char* src = nullptr;
-  const uint32_t* fanStart = nullptr;
-  const int64_t* fanRows = nullptr;
-  size_t numWeights = 0;
-};
-
 struct RowStream {
   char* base = nullptr;
   size_t rowBytes = 0;
@@ -43,7 +30,6 @@ struct RowStream {
   // Writes bytes [off, off + len) of the stream to dst.
   void (*produce)(const void* ctx, size_t off, size_t len, void* dst) = nullptr;
   const void* produceCtx = nullptr;
-  const DevProducer* devProduce = nullptr;  // CUDA path: produced by a kernel (pointers on device)
   // Bytes from base that the stream may touch (for a receiver offering its buffer to a peer that
   // knows the layout); 0: bytes() when contiguous, else unknown.
   size_t extent = 0;
@@ -55,16 +41,13 @@ struct RowStream {
   // bytes may be read now (monotone); nullptr: all of them.
   size_t (*ready)(const void* ctx) = nullptr;
   const void* readyCtx = nullptr;
-  // Receive side, CUDA path: the offer to the sender starts pullBytes before base; the receiver
-  // fills those bytes before the operation and the sender's kernel reads them (DevProducer).
-  size_t pullBytes = 0;
   // Receive side: where the engine publishes how many leading bytes have landed so far (what a
   // forwarder's gates read); nullptr: not published.
   size_t* landed = nullptr;
 
   size_t bytes() const { return nrows * rowBytes; }
   bool contiguous() const {
-    return rows == nullptr && fanStart == nullptr && produce == nullptr && devProduce == nullptr;
+    return rows == nullptr && fanStart == nullptr && produce == nullptr;
   }
   size_t extentBytes() const { return extent ? extent : (contiguous() ? bytes() : 0); }
   size_t readyBytes() const { return ready == nullptr ? bytes() : std::min(bytes(), ready(readyCtx)); }

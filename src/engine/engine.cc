@@ -46,6 +46,7 @@ class OpRunner {
   void buildHeaders();
   fuscoResult_t headerRound();
   void checkPairs();
+  void offerSends(int p, PairHeader* h);
   fuscoResult_t verdictRound(Verdict* first);
   fuscoResult_t dataPhase();
   fuscoResult_t stepSend(int p, bool* progressed);
@@ -164,18 +165,19 @@ void OpRunner::buildHeaders() {
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
     for (const auto& r : op_.peers[p].recvs) {
       uint64_t token = kStagedToken;
-      const size_t extent = r.extentBytes() + r.pullBytes;
-      if ((direct || r.pullBytes > 0) && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
-          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base - r.pullBytes, extent, &token))
+      const size_t extent = r.extentBytes();
+      if (direct && !op_.pullRun && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
+          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base, extent, &token))
         token = kStagedToken;
       h.recvBytes.push_back(r.bytes());
       h.recvTokens.push_back(token);
       h.recvExtents.push_back(r.contiguous() ? extent : (extent | kLayoutSharedBit));
     }
+    if (op_.pullRun && op_.argStatus == fuscoSuccess) offerSends(p, &h);
   }
   for (int i = 1; i < n_; ++i) order_.push_back((me_ + i) % n_);
   // The GPU path offers every receive buffer to its sender: in place, or a staging area.
-  if (onDevice() && !op_.validateOnly && op_.argStatus == fuscoSuccess) {
+  if (onDevice() && !op_.pullRun && !op_.validateOnly && op_.argStatus == fuscoSuccess) {
     fuscoResult_t r = deviceOffers(c_, op_, involved_, &mine_, &offers_);
     if (r != fuscoSuccess) {
       op_.argStatus = r;
@@ -186,7 +188,7 @@ void OpRunner::buildHeaders() {
   // short header saying so, decided before any header leaves.
   for (int p = 0; p < n_; ++p) {
     const PairHeader& h = mine_[p];
-    size_t need = 64 + 8 * (h.sendBytes.size() + 3 * h.recvBytes.size());
+    size_t need = 64 + 8 * (3 * h.sendBytes.size() + 3 * h.recvBytes.size());
     if (!involved_[p] || need <= c_.chunkBytes()) continue;
     if (op_.argStatus == fuscoSuccess) {
       op_.argStatus = fuscoInvalidArgument;
@@ -202,6 +204,24 @@ void OpRunner::buildHeaders() {
     h.recvBytes.clear();
     h.recvTokens.clear();
     h.recvExtents.clear();
+    h.sendTokens.clear();
+    h.sendExtents.clear();
+  }
+}
+
+// A pull operation: every send stream's buffer, offered to its receiver (which reads it).
+void OpRunner::offerSends(int p, PairHeader* h) {
+  for (const auto& s : op_.peers[p].sends) {
+    uint64_t token = kStagedToken;
+    const size_t extent = s.extentBytes();
+    if (s.bytes() > 0 && (extent < s.bytes() || !c_.regionToken(p, s.base, extent, &token))) {
+      op_.argStatus = fuscoInternalError;
+      op_.argError = std::string(op_.name) + ": a buffer rank " + std::to_string(p) +
+                     " reads cannot be offered to it (not mappable by its peers)";
+      return;
+    }
+    h->sendTokens.push_back(token);
+    h->sendExtents.push_back(extent);
   }
 }
 

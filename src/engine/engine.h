@@ -10,6 +10,7 @@
 // straight from source rows into the final rows (one copy).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,13 @@ struct Op {
   // comm (the planner's own exchanges), moved by the host as on a host comm.
   void* stream = nullptr;
   bool hostData = false;
+  // fuscoMemCuda comms, a pull operation: every message is read by its receiver instead of written
+  // by its sender. A sender offers the buffer of each send stream (base, extentBytes(); it must be
+  // mappable by its peers) and says on its stream when it is ready; once every sender did,
+  // pullRun enqueues this rank's reading kernel with one base per peer (the mapped buffer of that
+  // peer's message to this rank, this rank's own for itself; nullptr: no message). The operation
+  // ends on the stream when every receiver is done reading this rank's buffers.
+  std::function<fuscoResult_t(const std::vector<const char*>& bases, void* stream)> pullRun;
 
   explicit Op(int nranks) : peers(nranks) {}
 };

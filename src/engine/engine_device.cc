@@ -64,9 +64,6 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
     offers->stagedAt[p].assign(h.recvBytes.size(), -1);
     for (size_t m = 0; m < h.recvBytes.size(); ++m) {
       if (h.recvTokens[m] != kStagedToken || h.recvBytes[m] == 0) continue;  // offered in place
-      if (op.peers[p].recvs[m].pullBytes > 0)
-        return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: a buffer rank %d reads from cannot be offered to it",
-                          op.name, p);
       offers->stagedAt[p][m] = static_cast<int64_t>(staged);
       staged += (h.recvBytes[m] + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
     }
@@ -86,12 +83,70 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
   return fuscoSuccess;
 }
 
+namespace {
+
+// A pull operation (Op::pullRun): senders say "ready" (flag 1), receivers read with one kernel
+// and say "done reading" (flag 0); a sender's stream goes on once every receiver is done.
+fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
+                              const std::vector<PairHeader>& theirs, const std::vector<bool>& moves) {
+  const int n = c.nranks(), me = c.rank();
+  void* s = op.stream;
+  std::vector<DeviceFlags> flags(n);
+  std::vector<uint32_t> sendSeq(n, 0), recvSeq(n, 0);
+  std::vector<bool> sends(n, false), recvs(n, false);
+  std::vector<const char*> bases(n, nullptr);
+  for (int p = 0; p < n; ++p) {
+    if (!moves[p]) continue;
+    if (op.peers[p].recvs.size() > 1 || op.peers[p].sends.size() > 1)
+      return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: a pull operation has one message per pair", op.name);
+    if (p == me) {
+      if (!op.peers[me].sends.empty()) bases[me] = op.peers[me].sends[0].base;
+      continue;
+    }
+    sends[p] = total(mine[p].sendBytes) > 0;
+    recvs[p] = total(mine[p].recvBytes) > 0;
+    if (sends[p] || recvs[p]) FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
+    if (!recvs[p]) continue;
+    const PairHeader& t = theirs[p];
+    const PeerConn& pc = c.conn(p);
+    void* base = t.sendTokens.size() != 1 || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
+                     ? nullptr
+                     : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
+    if (base == nullptr)
+      return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered", op.name, p);
+    bases[p] = static_cast<const char*>(base);
+  }
+  for (int p = 0; p < n; ++p) {
+    if (!sends[p]) continue;
+    sendSeq[p] = c.nextDeviceSendSeq(p);
+    FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[1], sendSeq[p]));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (!recvs[p]) continue;
+    recvSeq[p] = c.nextDeviceRecvSeq(p);
+    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[1], recvSeq[p]));
+    c.watch()->add(p, flags[p].hostWait[1], recvSeq[p], "its buffer to be ready");
+  }
+  FUSCO_CHECK(op.pullRun(bases, s));
+  for (int p = 0; p < n; ++p)
+    if (recvs[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[0], recvSeq[p]));
+  for (int p = 0; p < n; ++p) {
+    if (!sends[p]) continue;
+    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[0], sendSeq[p]));
+    c.watch()->add(p, flags[p].hostWait[0], sendSeq[p], "it to finish reading");
+  }
+  return fuscoSuccess;
+}
+
+}  // namespace
+
 fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
                               const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
                               const DeviceOffers& offers) {
   const int n = c.nranks(), me = c.rank();
   void* s = op.stream;
   FUSCO_CHECK(c.useDevice());
+  if (op.pullRun) return devicePullPhase(c, op, mine, theirs, moves);
   std::vector<DeviceFlags> flags(n);
   std::vector<uint32_t> sendSeq(n, 0), recvSeq(n, 0);
   std::vector<bool> sends(n, false), recvs(n, false);
@@ -116,8 +171,6 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
   }
   // 2. One pass over every message: source rows straight into the final (or staged) rows.
   std::vector<DevCopyTask> copies;
-  std::vector<DevReduceTask> sums;
-  const DevProducer* producer = nullptr;
   for (int p = 0; p < n; ++p) {
     if (!moves[p]) continue;
     const PeerWork& w = op.peers[p];
@@ -125,10 +178,8 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
       const RowStream& src = w.sends[m];
       if (src.bytes() == 0) continue;
       RowStream dst;
-      const char* pulled = nullptr;  // the start of the receiver's offer (what a producer reads)
       if (p == me) {
         dst = op.peers[me].recvs[m];
-        pulled = dst.base - dst.pullBytes;
       } else {
         const uint64_t token = theirs[p].recvTokens[m], extent = theirs[p].recvExtents[m];
         const PeerConn& pc = c.conn(p);
@@ -144,31 +195,8 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
           dst = w.remoteDst[m];
           dst.base = static_cast<char*>(base);
         } else {
-          if (extent < src.bytes())
-            return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d offered %llu bytes for a %zu-byte message %zu",
-                              op.name, p, static_cast<unsigned long long>(extent), src.bytes(), m);
-          // A producer's rows end the offer; what precedes them is what it reads (pullBytes).
-          const uint64_t lead = src.devProduce != nullptr ? extent - src.bytes() : 0;
-          pulled = static_cast<char*>(base);
-          dst = RowStream::flat(static_cast<char*>(base) + lead, src.bytes());
+          dst = RowStream::flat(base, src.bytes());
         }
-      }
-      if (src.devProduce != nullptr) {
-        if (!dst.contiguous())
-          return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: partial sums must land contiguously", op.name);
-        producer = src.devProduce;
-        if (pulled == nullptr || static_cast<size_t>(dst.base - pulled) < producer->numWeights * sizeof(float))
-          return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d offered no room for the %zu weights of message %zu",
-                            op.name, p, producer->numWeights, m);
-        DevReduceTask t;
-        t.src = producer->src;
-        t.fanStart = producer->fanStart;
-        t.fanRows = producer->fanRows;
-        t.weights = reinterpret_cast<const float*>(pulled);
-        t.dst = dst.base;
-        t.nrows = src.nrows;
-        sums.push_back(t);
-        continue;
       }
       DevCopyTask t;
       FUSCO_CHECK(copyTask(src, dst, op.name, &t));
@@ -176,7 +204,6 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
     }
   }
   FUSCO_CHECK(deviceCopy(copies, s));
-  if (producer != nullptr) FUSCO_CHECK(deviceWeightedReduce(producer->dt, producer->hidden, sums, s));
   // 3. Tell each receiver its data is in place; wait for every sender's data.
   for (int p = 0; p < n; ++p)
     if (sends[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[1], sendSeq[p]));

@@ -5,6 +5,8 @@
 // its final rows. Ordering between the ranks' streams uses the DeviceFlags of each pair:
 //   receiver: "ready"(seq) -> sender: wait ready, copy kernel, "done"(seq) -> receiver: wait done,
 //   scatter staged messages.
+// A pull operation (Op::pullRun) turns this around: each sender offers its own buffer, says
+// "ready", each receiver's kernel reads every peer's buffer in one pass and says "done reading".
 // Nothing waits on the host; the DeviceWatch keeps every stream wait bounded.
 #pragma once
 

@@ -58,6 +58,8 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   putVec(w, h.recvBytes);
   putVec(w, h.recvTokens);
   putVec(w, h.recvExtents);
+  putVec(w, h.sendTokens);
+  putVec(w, h.sendExtents);
   *len = w.len;
   return w.ok;
 }
@@ -71,7 +73,10 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   size_t maxCount = len / sizeof(uint64_t);
   return getVec(r, &h->sendBytes, maxCount) && getVec(r, &h->recvBytes, maxCount) &&
          getVec(r, &h->recvTokens, maxCount) && getVec(r, &h->recvExtents, maxCount) &&
-         h->recvTokens.size() == h->recvBytes.size() && h->recvExtents.size() == h->recvBytes.size();
+         getVec(r, &h->sendTokens, maxCount) && getVec(r, &h->sendExtents, maxCount) &&
+         h->recvTokens.size() == h->recvBytes.size() && h->recvExtents.size() == h->recvBytes.size() &&
+         (h->sendTokens.empty() || h->sendTokens.size() == h->sendBytes.size()) &&
+         h->sendExtents.size() == h->sendTokens.size();
 }
 
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len) {

@@ -25,6 +25,8 @@ struct PairHeader {
   std::vector<uint64_t> recvBytes;    // what it expects from the receiver
   std::vector<uint64_t> recvTokens;   // per expected message: direct-write token or kStagedToken
   std::vector<uint64_t> recvExtents;  // per expected message: bytes from the token's base it spans
+  std::vector<uint64_t> sendTokens;   // pull operations: per message sent, the token of its buffer
+  std::vector<uint64_t> sendExtents;  // and the bytes from that token's base the receiver may read
 };
 
 struct Verdict {
