@@ -104,6 +104,11 @@ struct TransportOps {
   // peer that waits for those bytes, possibly to forward them, waits forever). nullptr: nothing
   // to do. Called by the engine whenever a wait makes no progress.
   void (*progress)(TransportComm* tc);
+  // Whether a message posted to peer is still leaving this rank (its send has not completed
+  // locally: a rendezvous the peer has not fetched yet). The engine ends an operation only once
+  // this is false for every peer, so no peer's bytes wait on this rank stepping the transport
+  // after the call returned. nullptr: every post completes at once (shared memory).
+  bool (*sendsInFlight)(TransportComm* tc, int peer);
 };
 
 // Every transport compiled into this build, in a fixed order.

@@ -57,6 +57,12 @@ class OpRunner {
   bool sendDone(int p) const { return sc_[p].msg >= op_.peers[p].sends.size(); }
   bool recvDone(int p) const { return rc_[p].msg >= op_.peers[p].recvs.size(); }
   bool moves(int p) const { return state_[p] == PairState::Ok; }
+  // The transport has not finished sending what this rank posted to p (engine ends an operation
+  // only once every such send completed locally).
+  bool sendsInFlight(int p) const {
+    const PeerConn& pc = c_.conn(p);
+    return p != me_ && pc.ops != nullptr && pc.ops->sendsInFlight != nullptr && pc.ops->sendsInFlight(pc.tc, p);
+  }
   // The data lives in device memory and moves on the GPU (engine_device.h).
   bool onDevice() const { return c_.memType() == fuscoMemCuda && !op_.hostData; }
   // Still owes this rank something in the current phase (finished peers may exit at will).
@@ -64,7 +70,7 @@ class OpRunner {
     if (!involved_[p]) return false;
     if (!sc_[p].headerSent || !rc_[p].headerSeen) return true;
     if (inVerdict_ && (!sc_[p].verdictSent || !rc_[p].verdictSeen)) return true;
-    return inData_ && moves(p) && (!sendDone(p) || !recvDone(p));
+    return inData_ && moves(p) && (!sendDone(p) || !recvDone(p) || sendsInFlight(p));
   }
 
   Communicator& c_;
@@ -491,7 +497,7 @@ fuscoResult_t OpRunner::dataPhase() {
       if (!involved_[p] || !moves(p)) continue;
       if (!sendDone(p)) FUSCO_CHECK(stepSend(p, progressed));
       if (!recvDone(p)) FUSCO_CHECK(stepRecv(p, progressed));
-      *done = *done && sendDone(p) && recvDone(p);
+      *done = *done && sendDone(p) && recvDone(p) && !sendsInFlight(p);
     }
     return fuscoSuccess;
   });

@@ -317,6 +317,26 @@ void ucxProgress(TransportComm* tc) {
   ucx::progressAll(c);
 }
 
+bool ucxSendsInFlight(TransportComm* tc, int peer) {
+  UcxComm* c = asUcx(tc);
+  if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) return false;
+  std::lock_guard<std::mutex> lock(c->mu);
+  ucx::progressAll(c);
+  UcxPeer& p = c->peers[peer];
+  if (p.failed || p.aborted) return false;  // checkPeer reports it
+  for (void*& q : p.sendReq) {
+    if (q == nullptr) continue;
+    ucs_status_t st;
+    if (!ucx::requestDone(q, &st)) return true;
+    q = nullptr;
+    if (st != UCS_OK) {
+      ucx::markFailed(c, peer, st);
+      return false;
+    }
+  }
+  return false;
+}
+
 void ucxClose(TransportComm* tc) {
   UcxComm* c = asUcx(tc);
   if (c == nullptr) return;
@@ -350,6 +370,7 @@ const TransportOps kUcxTransport = {
     ucxMarkAborted,  // markAborted
     ucxClose,        // close
     ucxProgress,     // progress
+    ucxSendsInFlight,  // sendsInFlight
 };
 
 }  // namespace fusco
