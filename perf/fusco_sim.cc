@@ -311,9 +311,9 @@ void timePlanner(const Options& o, int ep) {
     const auto b = clk::now();
     planBalance(Balance::Greedy, nodes, rowsTo, true, &bp, o.slack);
     const auto c = clk::now();
-    segs = nodeSegments(nodes, bp);
+    nodeSegmentsInto(nodes, bp, &segs);
     const auto c2 = clk::now();
-    nodeTokensOf(shape, nodes, idx.data(), o.timeTokens, o.topk, &nsp.nodeTokens);
+    nodeTokensOf(nodes, plan, &nsp.nodeTokens);
     planNodeSend(nodes, 0, plan, segs, &nsp);
     const auto d = clk::now();
     paperBalance(nodes, rowsTo, &pp);

@@ -166,7 +166,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
     // A receive plan that fails (malformed metadata) still takes part in the last exchange, so
     // the other ranks fail promptly too.
     ArgCheck b;
-    if (node) FUSCO_CHECK(planNodeDedup(comm, *h, a, config->balance, topkIdx, &metaFrom, &b));
+    if (node) FUSCO_CHECK(planNodeDedup(comm, *h, a, config->balance, &metaFrom, &b));
     else FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", a, h->send.meta, &metaFrom));
     if (b.status != fuscoSuccess || planRecv(h->shape, c.rank(), metaFrom, &h->recv) != fuscoSuccess) {
       if (b.status == fuscoSuccess) b.message = threadLastError();

@@ -88,12 +88,11 @@ fuscoResult_t exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& 
                             std::vector<std::vector<int32_t>>* in);
 
 // NODE dedup's plan-time steps (moe_node.cc): counts, the balancer, forward metadata and the
-// forwarders' blocks. Leaves in *metaFrom the RANK-format metadata every source would have sent
+// forwarders' blocks, from the RANK send plan in h.send. Leaves in *metaFrom the RANK-format metadata every source would have sent
 // this rank, for planRecv. A malformed peer message sets *b instead of failing, so this rank
 // still takes part in the remaining exchanges.
 fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a, int balance,
-                            const int64_t* topkIdx, std::vector<std::vector<int32_t>>* metaFrom,
-                            ArgCheck* b);
+                            std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b);
 
 // NODE dedup's fan-row exchange between the ranks of a node: the RANK fan rows, then those of
 // every forwarded segment, so sources and forwarders can write final rows directly.

@@ -41,8 +41,7 @@ Balance balanceMode(int requested) {
 }  // namespace
 
 fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a, int balance,
-                            const int64_t* topkIdx, std::vector<std::vector<int32_t>>* metaFrom,
-                            ArgCheck* b) {
+                            std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b) {
   Communicator& c = *comm->impl;
   const NodeMap& nodes = c.nodes();
   const int me = c.rank(), n = c.nranks();
@@ -50,7 +49,7 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   st.balance = balanceMode(balance);
   std::vector<uint64_t> mine(nodes.numNodes, 0), all;
   if (a.status == fuscoSuccess) {
-    nodeTokensOf(h.shape, nodes, topkIdx, h.numTokens, h.topk, &st.send.nodeTokens);
+    nodeTokensOf(nodes, h.send, &st.send.nodeTokens);
     for (int node = 0; node < nodes.numNodes; ++node)
       if (node != nodes.nodeOf[me]) mine[node] = st.send.nodeTokens[node].size();
   }
@@ -60,19 +59,25 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
   planBalance(st.balance, nodes, all, st.balance == Balance::Greedy, &st.plan,
               static_cast<uint32_t>(paramInt("FUSCO_BALANCE_SLACK")));
-  st.segs = nodeSegments(nodes, st.plan);
+  nodeSegmentsInto(nodes, st.plan, &st.segs);
   if (me == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
     FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
                describeBalance(st.balance, st.plan).c_str());
-  for (const NodeSegment& g : st.segs)
-    FUSCO_TRACE(
-        kPlan, "fuscoMoePlan: segment src %d node %d route %d relay %d forwarder %d rows %llu+%llu",
-        g.src, g.node, g.route, g.relay, g.forwarder, static_cast<unsigned long long>(g.pos0),
-        static_cast<unsigned long long>(g.rows));
+  if (logEnabled(LogLevel::Trace, kPlan))
+    for (const NodeSegment& g : st.segs)
+      FUSCO_TRACE(
+          kPlan,
+          "fuscoMoePlan: segment src %d node %d route %d relay %d forwarder %d rows %llu+%llu",
+          g.src, g.node, g.route, g.relay, g.forwarder, static_cast<unsigned long long>(g.pos0),
+          static_cast<unsigned long long>(g.rows));
   planNodeSend(nodes, me, h.send, st.segs, &st.send);
+  // A relay is a rank of the source's node: only the segments of this node's ranks can name it.
   st.relayed.clear();
-  for (size_t i = 0; i < st.segs.size(); ++i)
-    if (st.segs[i].relay == me && st.segs[i].src != me) st.relayed.push_back(i);
+  for (int s : nodes.ranksOfNode[nodes.nodeOf[me]]) {
+    const auto [first, last] = segmentsOf(st.segs, s);
+    for (size_t i = first; i < last; ++i)
+      if (st.segs[i].relay == me && s != me) st.relayed.push_back(i);
+  }
   // Step 2: the RANK metadata to the ranks of this node, the forward metadata to forwarders.
   std::vector<std::vector<int32_t>> out(n), in;
   for (int p = 0; p < n; ++p) out[p] = nodes.sameNode(p, me) ? h.send.meta[p] : st.send.fwdMeta[p];

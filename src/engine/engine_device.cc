@@ -85,15 +85,58 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
 
 namespace {
 
+// The flags of every pair of a device operation: which pairs move data each way, and this
+// operation's sequence number for each.
+struct PairFlags {
+  std::vector<DeviceFlags> flags;
+  std::vector<uint32_t> sendSeq, recvSeq;
+  std::vector<bool> sends, recvs;
+
+  fuscoResult_t init(Communicator& c, const std::vector<PairHeader>& mine, const std::vector<bool>& moves) {
+    const int n = c.nranks();
+    flags.assign(n, {});
+    sendSeq.assign(n, 0), recvSeq.assign(n, 0);
+    sends.assign(n, false), recvs.assign(n, false);
+    for (int p = 0; p < n; ++p) {
+      if (p == c.rank() || !moves[p]) continue;
+      sends[p] = total(mine[p].sendBytes) > 0;
+      recvs[p] = total(mine[p].recvBytes) > 0;
+      if (sends[p] || recvs[p]) FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
+      if (sends[p]) sendSeq[p] = c.nextDeviceSendSeq(p);
+      if (recvs[p]) recvSeq[p] = c.nextDeviceRecvSeq(p);
+    }
+    return fuscoSuccess;
+  }
+  // Stream-ordered: writes flag `kind` to every peer this rank receives from (toSenders) or
+  // sends to (otherwise)...
+  fuscoResult_t post(void* s, int kind, bool toSenders) const {
+    const auto& who = toSenders ? recvs : sends;
+    const auto& seq = toSenders ? recvSeq : sendSeq;
+    for (size_t p = 0; p < who.size(); ++p)
+      if (who[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[kind], seq[p]));
+    return fuscoSuccess;
+  }
+  // ... and waits for flag `kind` from them, each wait watched on the host (DeviceWatch).
+  fuscoResult_t await(Communicator& c, void* s, int kind, bool fromSenders, const char* what) const {
+    const auto& who = fromSenders ? recvs : sends;
+    const auto& seq = fromSenders ? recvSeq : sendSeq;
+    for (size_t p = 0; p < who.size(); ++p) {
+      if (!who[p]) continue;
+      FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind], seq[p]));
+      c.watch()->add(static_cast<int>(p), flags[p].hostWait[kind], seq[p], what);
+    }
+    return fuscoSuccess;
+  }
+};
+
 // A pull operation (Op::pullRun): senders say "ready" (flag 1), receivers read with one kernel
 // and say "done reading" (flag 0); a sender's stream goes on once every receiver is done.
 fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
                               const std::vector<PairHeader>& theirs, const std::vector<bool>& moves) {
   const int n = c.nranks(), me = c.rank();
   void* s = op.stream;
-  std::vector<DeviceFlags> flags(n);
-  std::vector<uint32_t> sendSeq(n, 0), recvSeq(n, 0);
-  std::vector<bool> sends(n, false), recvs(n, false);
+  PairFlags f;
+  FUSCO_CHECK(f.init(c, mine, moves));
   std::vector<const char*> bases(n, nullptr);
   for (int p = 0; p < n; ++p) {
     if (!moves[p]) continue;
@@ -103,10 +146,7 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
       if (!op.peers[me].sends.empty()) bases[me] = op.peers[me].sends[0].base;
       continue;
     }
-    sends[p] = total(mine[p].sendBytes) > 0;
-    recvs[p] = total(mine[p].recvBytes) > 0;
-    if (sends[p] || recvs[p]) FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
-    if (!recvs[p]) continue;
+    if (!f.recvs[p]) continue;
     const PairHeader& t = theirs[p];
     const PeerConn& pc = c.conn(p);
     void* base = t.sendTokens.size() != 1 || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
@@ -116,26 +156,11 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
       return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered", op.name, p);
     bases[p] = static_cast<const char*>(base);
   }
-  for (int p = 0; p < n; ++p) {
-    if (!sends[p]) continue;
-    sendSeq[p] = c.nextDeviceSendSeq(p);
-    FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[1], sendSeq[p]));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (!recvs[p]) continue;
-    recvSeq[p] = c.nextDeviceRecvSeq(p);
-    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[1], recvSeq[p]));
-    c.watch()->add(p, flags[p].hostWait[1], recvSeq[p], "its buffer to be ready");
-  }
+  FUSCO_CHECK(f.post(s, 1, false));  // "ready" to every reader
+  FUSCO_CHECK(f.await(c, s, 1, true, "its buffer to be ready"));
   FUSCO_CHECK(op.pullRun(bases, s));
-  for (int p = 0; p < n; ++p)
-    if (recvs[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[0], recvSeq[p]));
-  for (int p = 0; p < n; ++p) {
-    if (!sends[p]) continue;
-    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[0], sendSeq[p]));
-    c.watch()->add(p, flags[p].hostWait[0], sendSeq[p], "it to finish reading");
-  }
-  return fuscoSuccess;
+  FUSCO_CHECK(f.post(s, 0, true));  // "done reading" to every owner
+  return f.await(c, s, 0, false, "it to finish reading");
 }
 
 }  // namespace
@@ -147,28 +172,12 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
   void* s = op.stream;
   FUSCO_CHECK(c.useDevice());
   if (op.pullRun) return devicePullPhase(c, op, mine, theirs, moves);
-  std::vector<DeviceFlags> flags(n);
-  std::vector<uint32_t> sendSeq(n, 0), recvSeq(n, 0);
-  std::vector<bool> sends(n, false), recvs(n, false);
-  for (int p = 0; p < n; ++p) {
-    if (p == me || !moves[p]) continue;
-    sends[p] = total(mine[p].sendBytes) > 0;
-    recvs[p] = total(mine[p].recvBytes) > 0;
-    if (sends[p] || recvs[p]) FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
-  }
+  PairFlags f;
+  FUSCO_CHECK(f.init(c, mine, moves));
   // 1. Tell each sender that this rank's buffers may be written, then wait until each receiver
   //    said so.
-  for (int p = 0; p < n; ++p) {
-    if (!recvs[p]) continue;
-    recvSeq[p] = c.nextDeviceRecvSeq(p);
-    FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[0], recvSeq[p]));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (!sends[p]) continue;
-    sendSeq[p] = c.nextDeviceSendSeq(p);
-    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[0], sendSeq[p]));
-    c.watch()->add(p, flags[p].hostWait[0], sendSeq[p], "its buffers to be free");
-  }
+  FUSCO_CHECK(f.post(s, 0, true));
+  FUSCO_CHECK(f.await(c, s, 0, false, "its buffers to be free"));
   // 2. One pass over every message: source rows straight into the final (or staged) rows.
   std::vector<DevCopyTask> copies;
   for (int p = 0; p < n; ++p) {
@@ -205,13 +214,8 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
   }
   FUSCO_CHECK(deviceCopy(copies, s));
   // 3. Tell each receiver its data is in place; wait for every sender's data.
-  for (int p = 0; p < n; ++p)
-    if (sends[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[1], sendSeq[p]));
-  for (int p = 0; p < n; ++p) {
-    if (!recvs[p]) continue;
-    FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[1], recvSeq[p]));
-    c.watch()->add(p, flags[p].hostWait[1], recvSeq[p], "its data");
-  }
+  FUSCO_CHECK(f.post(s, 1, false));
+  FUSCO_CHECK(f.await(c, s, 1, true, "its data"));
   // 4. Staged messages: from the staging area into the final rows.
   copies.clear();
   for (int p = 0; p < n; ++p) {

@@ -31,35 +31,54 @@ struct Piece {
 
 int staticForwarder(const NodeMap& nodes, int s, int node) {
   const std::vector<int>& ranks = nodes.ranksOfNode[node];
-  return ranks[static_cast<size_t>(nodes.localRankOf[s]) % ranks.size()];
+  const size_t lr = static_cast<size_t>(nodes.localRankOf[s]);
+  return ranks[lr < ranks.size() ? lr : lr % ranks.size()];  // divides only for a smaller node
 }
 
 uint64_t ceilDiv(uint64_t a, uint64_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
 
-// Per-rank send totals over remote nodes (what each rail sends without relays).
-void sendTotals(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                std::vector<uint64_t>* total) {
+// What every assignment starts from, in one pass over rowsTo: each rank's send total over remote
+// nodes (its rail's load without relays), each node's receive total, and each rank's receive load
+// under STATIC.
+struct FlowTotals {
+  std::vector<uint64_t> send;        // [nranks]
+  std::vector<uint64_t> nodeRecv;    // [numNodes]
+  std::vector<uint64_t> staticRecv;  // [nranks]
+  uint64_t staticMax = 0;            // STATIC's maxLoad
+};
+
+void flowTotals(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo, FlowTotals* t) {
   const int nn = nodes.numNodes;
-  total->assign(nodes.nranks, 0);
-  for (int s = 0; s < nodes.nranks; ++s)
-    for (int n = 0; n < nn; ++n)
-      if (n != nodes.nodeOf[s]) (*total)[s] += rowsTo[static_cast<size_t>(s) * nn + n];
+  t->send.assign(nodes.nranks, 0);
+  t->nodeRecv.assign(nn, 0);
+  t->staticRecv.assign(nodes.nranks, 0);
+  for (int s = 0; s < nodes.nranks; ++s) {
+    const uint64_t* row = rowsTo.data() + static_cast<size_t>(s) * nn;
+    uint64_t sum = 0;
+    for (int n = 0; n < nn; ++n) {
+      if (n == nodes.nodeOf[s]) continue;
+      sum += row[n];
+      t->nodeRecv[n] += row[n];
+      t->staticRecv[staticForwarder(nodes, s, n)] += row[n];
+    }
+    t->send[s] = sum;
+  }
+  t->staticMax = 0;
+  for (int r = 0; r < nodes.nranks; ++r)
+    t->staticMax = std::max({t->staticMax, t->send[r], t->staticRecv[r]});
 }
 
-uint64_t computeLowerBound(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                           const std::vector<uint64_t>& total, bool allowRelay) {
+uint64_t computeLowerBound(const NodeMap& nodes, const FlowTotals& t, bool allowRelay) {
   const int nn = nodes.numNodes;
-  std::vector<uint64_t> sent(nn, 0), recv(nn, 0);
+  std::vector<uint64_t> sent(nn, 0);
   uint64_t maxRank = 0;
   for (int s = 0; s < nodes.nranks; ++s) {
-    sent[nodes.nodeOf[s]] += total[s];
-    maxRank = std::max(maxRank, total[s]);
-    for (int n = 0; n < nn; ++n)
-      if (n != nodes.nodeOf[s]) recv[n] += rowsTo[static_cast<size_t>(s) * nn + n];
+    sent[nodes.nodeOf[s]] += t.send[s];
+    maxRank = std::max(maxRank, t.send[s]);
   }
   uint64_t lb = 0;
   for (int n = 0; n < nn; ++n)
-    lb = std::max(lb, ceilDiv(std::max(sent[n], recv[n]), nodes.localSize(n)));
+    lb = std::max(lb, ceilDiv(std::max(sent[n], t.nodeRecv[n]), nodes.localSize(n)));
   return allowRelay ? lb : std::max(lb, maxRank);
 }
 
@@ -82,16 +101,21 @@ void clearRoutes(const NodeMap& nodes, BalancePlan* out) {
   for (std::vector<RailRoute>& rs : out->routes) rs.clear();  // keeps capacity
 }
 
-void planStatic(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo, BalancePlan* out) {
-  clearRoutes(nodes, out);
+// One route per remote flow (s's own NIC, s's STATIC forwarder); the loads are flowTotals'.
+void planStatic(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo, const FlowTotals& t,
+                BalancePlan* out) {
   const int nn = nodes.numNodes;
+  out->routes.resize(rowsTo.size());
   for (int s = 0; s < nodes.nranks; ++s)
     for (int n = 0; n < nn; ++n) {
       const size_t f = static_cast<size_t>(s) * nn + n;
+      out->routes[f].clear();  // keeps capacity
       if (n == nodes.nodeOf[s] || rowsTo[f] == 0) continue;
       out->routes[f].push_back({s, staticForwarder(nodes, s, n), rowsTo[f]});
     }
-  computeLoads(nodes, out);
+  out->sendLoad = t.send;
+  out->recvLoad = t.staticRecv;
+  out->maxLoad = t.staticMax;
 }
 
 // The lowest-loaded rank among ranks[0..m) (loads indexed by rank); ties go to `prefer` (a rank,
@@ -256,21 +280,6 @@ void planGreedy(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
   computeLoads(nodes, out);
 }
 
-uint64_t staticMaxLoad(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                       const std::vector<uint64_t>& total) {
-  const int nn = nodes.numNodes;
-  std::vector<uint64_t> recv(nodes.nranks, 0);
-  uint64_t m = 0;
-  for (int s = 0; s < nodes.nranks; ++s) {
-    m = std::max(m, total[s]);
-    for (int n = 0; n < nn; ++n)
-      if (n != nodes.nodeOf[s])
-        recv[staticForwarder(nodes, s, n)] += rowsTo[static_cast<size_t>(s) * nn + n];
-  }
-  for (uint64_t r : recv) m = std::max(m, r);
-  return m;
-}
-
 }  // namespace
 
 void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
@@ -281,23 +290,22 @@ void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>
     throw std::invalid_argument("planBalance: rowsTo must hold nranks * numNodes entries");
   if (rowsTo.size() > UINT32_MAX)
     throw std::invalid_argument("planBalance: more than 2^32 (rank, node) flows");
-  std::vector<uint64_t> total;
-  sendTotals(nodes, rowsTo, &total);
-  out->lowerBound = computeLowerBound(nodes, rowsTo, total, allowRelay);
+  FlowTotals t;
+  flowTotals(nodes, rowsTo, &t);
+  out->lowerBound = computeLowerBound(nodes, t, allowRelay);
   if (mode != Balance::Greedy) {
-    planStatic(nodes, rowsTo, out);
+    planStatic(nodes, rowsTo, t, out);
     return;
   }
   // Any cap >= lowerBound is reached by the same argument (the top of this file).
   const uint64_t cap = out->lowerBound + out->lowerBound * slack1024 / 1024;
-  const uint64_t staticMax = staticMaxLoad(nodes, rowsTo, total);
-  if (slack1024 > 0 && staticMax <= cap) {
-    planStatic(nodes, rowsTo, out);
+  if (slack1024 > 0 && t.staticMax <= cap) {
+    planStatic(nodes, rowsTo, t, out);
     return;
   }
-  planGreedy(nodes, rowsTo, total, allowRelay, cap, out);
+  planGreedy(nodes, rowsTo, t.send, allowRelay, cap, out);
   // Cannot trigger while the proof above holds; a cheap guard for the "never worse" promise.
-  if (out->maxLoad > staticMax) planStatic(nodes, rowsTo, out);
+  if (out->maxLoad > t.staticMax) planStatic(nodes, rowsTo, t, out);
 }
 
 const char* balanceName(Balance mode) {

@@ -1,10 +1,11 @@
 // The MoE planner (moe_plan.h). Every function is pure and linear in numTokens * topk + nranks +
-// numExperts: one counting pass sizes every vector exactly, one filling pass writes it, and no
+// numExperts: one counting pass sizes every vector exactly, filling passes write it, and no
 // allocation happens per token.
 #include "plan/moe_plan.h"
 
 #include <cinttypes>
 #include <cstdio>
+#include <memory>
 
 #include "core/result.h"
 
@@ -27,38 +28,81 @@ const char* dedupName(Dedup d) {
   return "?";
 }
 
-// Returns the valid expert id of a slot or -1 (validateTopk has rejected anything else; the
-// planner still never indexes out of range on bad input).
-inline int expertAt(const MoeShape& shape, const int64_t* row, int k) {
-  const int64_t e = row[k];
-  return (e >= 0 && e < shape.numExperts) ? static_cast<int>(e) : -1;
-}
-
-// Rows and slot totals per destination, for exact reservations.
-struct SendCounts {
-  std::vector<size_t> rows, slots;
+// Rows and slot totals per destination, for exact reservations. Branch-free per slot: a token's
+// later slots on a rank it already has add a slot but no row.
+struct SendCount {
+  int64_t lastTok;
+  uint64_t rows, slots;
 };
 
-SendCounts countSend(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, int topk,
-                     bool perRank) {
-  SendCounts c;
-  c.rows.assign(shape.nranks, 0);
-  c.slots.assign(shape.nranks, 0);
-  std::vector<int64_t> lastTok(shape.nranks, -1);
+void countSend(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, int topk,
+               bool perRank, std::vector<SendCount>* out) {
+  out->assign(shape.nranks, SendCount{-1, 0, 0});
+  SendCount* c = out->data();
+  const int* rankOf = shape.expertToRank.data();
+  const uint64_t numExperts = static_cast<uint64_t>(shape.numExperts);
   for (size_t t = 0; t < numTokens; ++t) {
     const int64_t* row = topkIdx + t * topk;
     for (int k = 0; k < topk; ++k) {
-      const int e = expertAt(shape, row, k);
-      if (e < 0) continue;
-      const int r = shape.expertToRank[e];
-      ++c.slots[r];
-      if (!perRank || lastTok[r] != static_cast<int64_t>(t)) {
-        lastTok[r] = static_cast<int64_t>(t);
-        ++c.rows[r];
-      }
+      if (static_cast<uint64_t>(row[k]) >= numExperts) continue;  // -1: dropped
+      SendCount& q = c[rankOf[row[k]]];
+      q.rows += !perRank || q.lastTok != static_cast<int64_t>(t);
+      q.lastTok = static_cast<int64_t>(t);
+      ++q.slots;
     }
   }
-  return c;
+}
+
+// One valid slot of the routing, bucketed by destination rank (token order kept within a rank).
+struct SlotRecord {
+  int64_t token;
+  int32_t local;  // the expert's index among its rank's experts
+  uint32_t k;     // the slot
+};
+
+// Scatters every valid slot into its rank's bucket: bucket r starts at rec + (slots of ranks
+// before r), as counted by countSend. One sequential write stream per rank.
+void bucketSlots(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, int topk,
+                 const std::vector<SendCount>& c, SlotRecord* rec) {
+  std::vector<SlotRecord*> at(shape.nranks);
+  for (int r = 0; r < shape.nranks; ++r) {
+    at[r] = rec;
+    rec += c[r].slots;
+  }
+  const int* rankOf = shape.expertToRank.data();
+  const int* localOf = shape.localIndexOf.data();
+  const uint64_t numExperts = static_cast<uint64_t>(shape.numExperts);
+  for (size_t t = 0; t < numTokens; ++t) {
+    const int64_t* row = topkIdx + t * topk;
+    for (int k = 0; k < topk; ++k) {
+      const int64_t e = row[k];
+      if (static_cast<uint64_t>(e) >= numExperts) continue;
+      *at[rankOf[e]]++ = SlotRecord{static_cast<int64_t>(t), localOf[e], static_cast<uint32_t>(k)};
+    }
+  }
+}
+
+// One rank's part of the plan from its bucket, all writes sequential and branch-free: a slot
+// that starts a row (a new token, or every slot without dedup) advances the row; the others
+// rewrite the current row's token and kStart with the same values, and every slot rewrites its
+// row's count with the slots seen so far.
+void expandBucket(const SlotRecord* q, size_t slots, bool perRank, int64_t* rows, int32_t* meta,
+                  uint32_t* kStart, uint8_t* kSlots) {
+  int64_t last = -1;
+  size_t row = 0;        // rows started so far
+  uint32_t rowSlot = 0;  // kStart of the current row
+  for (size_t i = 0; i < slots; ++i) {
+    const bool fresh = !perRank || q[i].token != last;
+    last = q[i].token;
+    row += fresh;
+    rowSlot = fresh ? static_cast<uint32_t>(i) : rowSlot;
+    rows[row - 1] = q[i].token;
+    kStart[row - 1] = rowSlot;
+    meta[row - 1 + rowSlot] = static_cast<int32_t>(i + 1 - rowSlot);
+    meta[row + i] = q[i].local;  // after the counts of rows 0..row-1 and the slots before it
+    kSlots[i] = static_cast<uint8_t>(q[i].k);
+  }
+  kStart[row] = static_cast<uint32_t>(slots);
 }
 
 // Parses rank s's metadata once: validates it and counts rows per local expert.
@@ -210,47 +254,28 @@ void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_
   if (topk <= 0) numTokens = 0;
   // NODE dedup is a transport-level refinement: per destination rank the rows are RANK's.
   const bool perRank = dedup != Dedup::None;
-  const SendCounts c = countSend(shape, topkIdx, numTokens, topk, perRank);
-  // Exact sizes, then raw write cursors per destination: no capacity checks per slot, and a
-  // reused plan keeps its capacity (no allocation, no fresh pages, layer after layer).
-  struct Cursor {
-    int64_t* row;
-    int32_t* meta;
-    int32_t* count;  // the count of the row being built for the current token
-    uint32_t* kStart;
-    uint8_t* kSlot;
-    uint32_t kPos;
-    int64_t lastTok;
-  };
-  std::vector<Cursor> cur(n);
+  std::vector<SendCount> c;
+  countSend(shape, topkIdx, numTokens, topk, perRank, &c);
+  // Exact sizes (a reused plan keeps its capacity, so layer after layer only the slot scratch
+  // below is allocated). The slots go through per-rank buckets first: scattering one record per
+  // slot and then writing each rank's four lists in sequence is much cheaper than scattering into
+  // all of them at once.
+  size_t total = 0;
   for (int r = 0; r < n; ++r) {
-    p.rows[r].resize(c.rows[r]);
-    p.meta[r].resize(c.rows[r] + c.slots[r]);
-    p.kStart[r].resize(c.rows[r] + 1);
-    p.kSlots[r].resize(c.slots[r]);
-    cur[r] = Cursor{
-        p.rows[r].data(), p.meta[r].data(), nullptr, p.kStart[r].data(), p.kSlots[r].data(), 0, -1};
+    p.rows[r].resize(c[r].rows);
+    p.meta[r].resize(c[r].rows + c[r].slots);
+    p.kStart[r].resize(c[r].rows + 1);
+    p.kSlots[r].resize(c[r].slots);
+    total += c[r].slots;
   }
-  for (size_t t = 0; t < numTokens; ++t) {
-    const int64_t* row = topkIdx + t * topk;
-    for (int k = 0; k < topk; ++k) {
-      const int e = expertAt(shape, row, k);
-      if (e < 0) continue;
-      Cursor& q = cur[shape.expertToRank[e]];
-      if (!perRank || q.lastTok != static_cast<int64_t>(t)) {
-        q.lastTok = static_cast<int64_t>(t);
-        *q.row++ = static_cast<int64_t>(t);
-        *q.kStart++ = q.kPos;
-        q.count = q.meta++;
-        *q.count = 0;
-      }
-      ++*q.count;
-      *q.meta++ = shape.localIndexOf[e];
-      *q.kSlot++ = static_cast<uint8_t>(k);
-      ++q.kPos;
-    }
+  std::unique_ptr<SlotRecord[]> rec(new SlotRecord[total]);
+  bucketSlots(shape, topkIdx, numTokens, topk, c, rec.get());
+  const SlotRecord* q = rec.get();
+  for (int r = 0; r < n; ++r) {
+    expandBucket(q, c[r].slots, perRank, p.rows[r].data(), p.meta[r].data(), p.kStart[r].data(),
+                 p.kSlots[r].data());
+    q += c[r].slots;
   }
-  for (int r = 0; r < n; ++r) *cur[r].kStart = cur[r].kPos;
 }
 
 MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,

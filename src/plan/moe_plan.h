@@ -63,7 +63,8 @@ struct MoeSendPlan {
 MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                      int topk, Dedup dedup);
 // The same plan written into *out, reusing its vectors' capacity (a handle re-planned every layer
-// then allocates nothing). Expects validateTopk to have passed; ids outside the range are skipped.
+// then allocates only a scratch of 16 bytes per slot, freed on return). Expects validateTopk to
+// have passed; ids outside the range are skipped.
 void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                   int topk, Dedup dedup, MoeSendPlan* out);
 

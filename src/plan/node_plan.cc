@@ -1,85 +1,274 @@
-// The NODE dedup planner (node_plan.h). Linear in the rows and metadata words it touches.
+// The NODE dedup planner (node_plan.h). Every rank holds all segments (ordered by src, node,
+// route); each step finds its own through binary searches on that order, so its cost follows the
+// segments and rows it touches, not the size of the communicator.
 #include "plan/node_plan.h"
+
+#include <algorithm>
+#include <utility>
 
 #include "core/result.h"
 
 namespace fusco {
 
-std::vector<NodeSegment> nodeSegments(const NodeMap& nodes, const BalancePlan& plan) {
-  std::vector<NodeSegment> segs;
+namespace {
+
+constexpr size_t kNoRow = SIZE_MAX;
+
+// Set bits of x, without a library call where the target has no popcount instruction.
+inline size_t popcount64(uint64_t x) {
+  x = x - ((x >> 1) & 0x5555555555555555ull);
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return static_cast<size_t>((x * 0x0101010101010101ull) >> 56);
+}
+
+// Rows of a segment that exist in its node's token list of `size` tokens: [pos0, end).
+uint64_t segRowsEnd(const NodeSegment& g, size_t size) {
+  return std::min<uint64_t>(g.pos0 + g.rows, size);
+}
+
+// Sets tokenRow[t], for the tokens of segments [a, b) (one node, route order), to the token's row
+// among those segments (mark) or back to kNoRow. Returns the number of rows.
+size_t markRows(const std::vector<NodeSegment>& segs, size_t a, size_t b,
+                const std::vector<int64_t>& tokens, bool mark, std::vector<size_t>* tokenRow) {
+  const uint64_t n = tokenRow->size();
+  size_t row = 0;
+  for (size_t i = a; i < b; ++i) {
+    const uint64_t end = segRowsEnd(segs[i], tokens.size());
+    for (uint64_t j = segs[i].pos0; j < end; ++j, ++row) {
+      const uint64_t t = static_cast<uint64_t>(tokens[j]);
+      if (t < n) (*tokenRow)[t] = mark ? row : kNoRow;
+    }
+  }
+  return row;
+}
+
+// Calls fn(lr, row, meta, m) for every RANK row sent to local rank lr of `local` whose token has a
+// marked row, rank by rank and in row order; meta points at that RANK row's metadata (m, then m
+// local experts), found through kStart (row i covers slots [kStart[i], kStart[i + 1]) and starts
+// at word i + kStart[i]).
+template <class Fn>
+void forEachRankRow(const std::vector<int>& local, const MoeSendPlan& plan,
+                    const std::vector<size_t>& tokenRow, Fn fn) {
+  const uint64_t n = tokenRow.size();
+  for (size_t lr = 0; lr < local.size(); ++lr) {
+    const std::vector<int64_t>& rows = plan.rows[local[lr]];
+    const uint32_t* kStart = plan.kStart[local[lr]].data();
+    const int32_t* meta = plan.meta[local[lr]].data();
+    if (plan.kStart[local[lr]].size() != rows.size() + 1 ||
+        plan.meta[local[lr]].size() != rows.size() + kStart[rows.size()])
+      continue;  // not planSend's output
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const uint64_t t = static_cast<uint64_t>(rows[i]);
+      if (t >= n || tokenRow[t] == kNoRow) continue;
+      fn(lr, tokenRow[t], meta + i + kStart[i], kStart[i + 1] - kStart[i]);
+    }
+  }
+}
+
+// Writes one entry of a forward metadata row at *at (local rank lr, then the RANK row's metadata
+// m, m experts) and moves *at past it.
+inline void putEntry(size_t lr, const int32_t* meta, uint32_t m, int32_t** at) {
+  int32_t* d = *at;
+  d[0] = static_cast<int32_t>(lr);
+  d[1] = meta[0];
+  d[2] = meta[1];  // m >= 1; m == 1 (one expert per rank and row) is by far the common case
+  for (uint32_t w = 2; w <= m; ++w) d[1 + w] = meta[w];
+  *at = d + 2 + m;
+}
+
+// Where the forward metadata of one rank goes: per forwarder, the words written so far (kNoRow:
+// none yet) and the words a group of segments adds.
+struct FwdFill {
+  std::vector<size_t> at, grow;
+};
+
+// The forward metadata of segments [a, b) of one source (all to one node, route order) appended to
+// their forwarders' lists. Rank-major, so every loop is long and regular: the size of each row
+// first (from every local rank's RANK rows), then where each row starts, then the entries.
+void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
+                   const std::vector<NodeSegment>& segs, size_t a, size_t b,
+                   const std::vector<int64_t>& tokens, NodeSendPlan::Scratch* s, FwdFill* fill,
+                   std::vector<std::vector<int32_t>>* fwdMeta) {
+  const size_t rows = markRows(segs, a, b, tokens, true, &s->tokenRow);
+  // Per row: local ranks << 32 | words (the rank count, then per rank: index, m, m experts).
+  s->rowSize.assign(rows, 1);
+  uint64_t* size = s->rowSize.data();
+  forEachRankRow(local, plan, s->tokenRow, [size](size_t, size_t j, const int32_t*, uint32_t m) {
+    size[j] += (uint64_t{1} << 32) + 2 + m;
+  });
+  s->segWords.assign(b - a, 0);
+  for (size_t i = a, j = 0; i < b; ++i) {
+    const uint64_t end = segRowsEnd(segs[i], tokens.size());
+    for (uint64_t q = segs[i].pos0; q < end; ++q)
+      s->segWords[i - a] += static_cast<uint32_t>(size[j++]);
+    fill->grow[segs[i].forwarder] += s->segWords[i - a];
+  }
+  // Every forwarder's list is resized once, before any pointer into it is taken.
+  for (size_t i = a; i < b; ++i) {
+    const int f = segs[i].forwarder;
+    if (fill->grow[f] == 0) continue;
+    if (fill->at[f] == kNoRow) fill->at[f] = 0;
+    (*fwdMeta)[f].resize(fill->at[f] + fill->grow[f]);
+    fill->grow[f] = 0;
+  }
+  s->rowAt.resize(rows);
+  for (size_t i = a, j = 0; i < b; ++i) {
+    const uint64_t end = segRowsEnd(segs[i], tokens.size());
+    if (end <= segs[i].pos0) continue;
+    const int f = segs[i].forwarder;
+    int32_t* p = (*fwdMeta)[f].data() + fill->at[f];
+    for (uint64_t q = segs[i].pos0; q < end; ++q, ++j) {
+      *p = static_cast<int32_t>(size[j] >> 32);
+      s->rowAt[j] = p + 1;
+      p += static_cast<uint32_t>(size[j]);
+    }
+    fill->at[f] += s->segWords[i - a];
+  }
+  int32_t** rowAt = s->rowAt.data();
+  forEachRankRow(local, plan, s->tokenRow,
+                 [rowAt](size_t lr, size_t j, const int32_t* meta, uint32_t m) {
+                   putEntry(lr, meta, m, &rowAt[j]);
+                 });
+  markRows(segs, a, b, tokens, false, &s->tokenRow);
+}
+
+}  // namespace
+
+void nodeSegmentsInto(const NodeMap& nodes, const BalancePlan& plan,
+                      std::vector<NodeSegment>* out) {
   size_t count = 0;
   for (const auto& routes : plan.routes) count += routes.size();
-  segs.reserve(count);
+  out->resize(count);  // an upper bound: routes of 0 rows are left out
+  NodeSegment* seg = out->data();
+  const size_t nn = static_cast<size_t>(nodes.numNodes);
   for (int s = 0; s < nodes.nranks; ++s) {
-    for (int node = 0; node < nodes.numNodes; ++node) {
-      const size_t at = static_cast<size_t>(s) * nodes.numNodes + node;
+    for (size_t node = 0; node < nn; ++node) {
+      const size_t at = static_cast<size_t>(s) * nn + node;
       if (at >= plan.routes.size()) continue;
       uint64_t pos = 0;
-      for (size_t g = 0; g < plan.routes[at].size(); ++g) {
-        const RailRoute& r = plan.routes[at][g];
+      const std::vector<RailRoute>& routes = plan.routes[at];
+      for (size_t g = 0; g < routes.size(); ++g) {
+        const RailRoute& r = routes[g];
         if (r.rows == 0) continue;
-        NodeSegment seg;
-        seg.src = s;
-        seg.node = node;
-        seg.route = static_cast<int>(g);
-        seg.relay = r.relay;
-        seg.forwarder = r.forwarder;
-        seg.pos0 = pos;
-        seg.rows = r.rows;
-        segs.push_back(seg);
+        *seg++ = NodeSegment{
+            s, static_cast<int>(node), static_cast<int>(g), r.relay, r.forwarder, pos, r.rows};
         pos += r.rows;
       }
     }
   }
+  out->resize(static_cast<size_t>(seg - out->data()));
+}
+
+std::pair<size_t, size_t> segmentsOf(const std::vector<NodeSegment>& segs, int src, int node) {
+  auto before = [src, node](const NodeSegment& g) {
+    return g.src < src || (node >= 0 && g.src == src && g.node < node);
+  };
+  auto upTo = [src, node](const NodeSegment& g) {
+    return g.src < src || (g.src == src && (node < 0 || g.node <= node));
+  };
+  const auto lo = std::partition_point(segs.begin(), segs.end(), before);
+  const auto hi = std::partition_point(lo, segs.end(), upTo);
+  return {static_cast<size_t>(lo - segs.begin()), static_cast<size_t>(hi - segs.begin())};
+}
+
+std::vector<NodeSegment> nodeSegments(const NodeMap& nodes, const BalancePlan& plan) {
+  std::vector<NodeSegment> segs;
+  nodeSegmentsInto(nodes, plan, &segs);
   return segs;
 }
 
 void nodeTokensOf(const MoeShape& shape, const NodeMap& nodes, const int64_t* topkIdx,
                   size_t numTokens, int topk, std::vector<std::vector<int64_t>>* nodeTokens) {
-  nodeTokens->assign(nodes.numNodes, {});
-  std::vector<int64_t> last(nodes.numNodes, -1);
+  const int nn = nodes.numNodes;
+  std::vector<int> nodeOfExpert(shape.numExperts);
+  for (int e = 0; e < shape.numExperts; ++e) nodeOfExpert[e] = nodes.nodeOf[shape.expertToRank[e]];
+  const uint64_t numExperts = static_cast<uint64_t>(shape.numExperts);
+  if (topk <= 0) numTokens = 0;
+  // A count pass sizes every list exactly (a reused list keeps its storage), then a fill pass.
+  // Both are branch-free per slot: a token's later slots on a node it already has count nothing
+  // and write to `sink`.
+  struct Cursor {
+    int64_t last;
+    size_t count;
+    int64_t* at;
+  };
+  std::vector<Cursor> cur(nn, Cursor{-1, 0, nullptr});
   for (size_t t = 0; t < numTokens; ++t) {
+    const int64_t* row = topkIdx + t * topk;
     for (int k = 0; k < topk; ++k) {
-      const int64_t e = topkIdx[t * topk + k];
-      if (e < 0 || e >= shape.numExperts) continue;
-      const int node = nodes.nodeOf[shape.expertToRank[e]];
-      if (last[node] == static_cast<int64_t>(t)) continue;
-      last[node] = static_cast<int64_t>(t);
-      (*nodeTokens)[node].push_back(static_cast<int64_t>(t));
+      if (static_cast<uint64_t>(row[k]) >= numExperts) continue;  // -1: dropped
+      Cursor& c = cur[nodeOfExpert[row[k]]];
+      c.count += c.last != static_cast<int64_t>(t);
+      c.last = static_cast<int64_t>(t);
+    }
+  }
+  nodeTokens->resize(nn);
+  for (int n = 0; n < nn; ++n) {
+    (*nodeTokens)[n].resize(cur[n].count);
+    cur[n].last = -1;
+    cur[n].at = (*nodeTokens)[n].data();
+  }
+  int64_t sink = 0;
+  for (size_t t = 0; t < numTokens; ++t) {
+    const int64_t* row = topkIdx + t * topk;
+    for (int k = 0; k < topk; ++k) {
+      if (static_cast<uint64_t>(row[k]) >= numExperts) continue;
+      Cursor& c = cur[nodeOfExpert[row[k]]];
+      const bool fresh = c.last != static_cast<int64_t>(t);
+      *(fresh ? c.at : &sink) = static_cast<int64_t>(t);
+      c.at += fresh;
+      c.last = static_cast<int64_t>(t);
+    }
+  }
+}
+
+void nodeTokensOf(const NodeMap& nodes, const MoeSendPlan& plan,
+                  std::vector<std::vector<int64_t>>* nodeTokens) {
+  // One bit per token, node by node: set from the rows sent to the node's ranks (a token sent to
+  // several of them, or several times under NONE, sets it once), counted, then read back in
+  // ascending order and cleared for the next node.
+  const uint64_t numTokens = plan.numTokens;
+  std::vector<uint64_t> bits((numTokens + 63) / 64, 0);
+  nodeTokens->resize(nodes.numNodes);
+  for (int n = 0; n < nodes.numNodes; ++n) {
+    for (int r : nodes.ranksOfNode[n]) {
+      if (static_cast<size_t>(r) >= plan.rows.size()) continue;
+      for (const int64_t t : plan.rows[r])
+        if (static_cast<uint64_t>(t) < numTokens) bits[t >> 6] |= uint64_t{1} << (t & 63);
+    }
+    size_t count = 0;
+    for (const uint64_t b : bits) count += popcount64(b);
+    std::vector<int64_t>& out = (*nodeTokens)[n];
+    out.resize(count);
+    int64_t* at = out.data();
+    for (size_t w = 0; w < bits.size(); ++w) {
+      for (uint64_t b = bits[w]; b != 0; b &= b - 1)
+        *at++ = static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(b)));
+      bits[w] = 0;
     }
   }
 }
 
 void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
                   const std::vector<NodeSegment>& segs, NodeSendPlan* out) {
+  const auto [first, last] = segmentsOf(segs, rank);
   out->segs.clear();
-  out->fwdMeta.assign(nodes.nranks, {});
-  // Cursors into the RANK plan of every destination rank: rows and metadata words.
-  std::vector<size_t> row(nodes.nranks, 0), word(nodes.nranks, 0);
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const NodeSegment& g = segs[i];
-    if (g.src != rank) continue;
-    out->segs.push_back(i);
-    const auto& tokens = out->nodeTokens[g.node];
-    const auto& local = nodes.ranksOfNode[g.node];
-    auto& meta = out->fwdMeta[g.forwarder];
-    for (uint64_t j = g.pos0; j < g.pos0 + g.rows && j < tokens.size(); ++j) {
-      const int64_t t = tokens[j];
-      const size_t countAt = meta.size();
-      meta.push_back(0);
-      for (size_t lr = 0; lr < local.size(); ++lr) {
-        const int r = local[lr];
-        if (row[r] >= rankPlan.rows[r].size() || rankPlan.rows[r][row[r]] != t) continue;
-        const auto& rm = rankPlan.meta[r];
-        const int32_t m = rm[word[r]];
-        meta.push_back(static_cast<int32_t>(lr));
-        meta.insert(meta.end(), rm.begin() + word[r], rm.begin() + word[r] + 1 + m);
-        word[r] += 1 + m;
-        ++row[r];
-        ++meta[countAt];
-      }
-    }
+  for (size_t i = first; i < last; ++i) out->segs.push_back(i);
+  out->scratch.tokenRow.assign(rankPlan.numTokens, kNoRow);
+  out->fwdMeta.resize(nodes.nranks);
+  FwdFill fill;
+  fill.at.assign(nodes.nranks, kNoRow);
+  fill.grow.assign(nodes.nranks, 0);
+  // This rank's segments are ordered by node: one group per destination node.
+  for (size_t a = first, b = first; a < last; a = b) {
+    const int node = segs[a].node;
+    while (b < last && segs[b].node == node) ++b;
+    planNodeGroup(nodes.ranksOfNode[node], rankPlan, segs, a, b, out->nodeTokens[node],
+                  &out->scratch, &fill, &out->fwdMeta);
   }
+  for (int f = 0; f < nodes.nranks; ++f)
+    if (fill.at[f] == kNoRow) out->fwdMeta[f].clear();
 }
 
 namespace {
@@ -140,13 +329,18 @@ fuscoResult_t planNodeForward(const MoeShape& shape, const NodeMap& nodes, int r
                               std::vector<NodeFwdSeg>* out) {
   out->clear();
   std::vector<size_t> at(nodes.nranks, 0);
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const NodeSegment& g = segs[i];
-    if (g.forwarder != rank) continue;
-    NodeFwdSeg f;
-    f.seg = i;
-    FUSCO_CHECK(readSegment(shape, nodes, g, metaFrom[g.src], &at[g.src], &f));
-    out->push_back(std::move(f));
+  // This rank forwards only segments into its own node: per source, one range of routes.
+  const int myNode = nodes.nodeOf[rank];
+  for (int s = 0; s < nodes.nranks; ++s) {
+    const auto [first, last] = segmentsOf(segs, s, myNode);
+    for (size_t i = first; i < last; ++i) {
+      const NodeSegment& g = segs[i];
+      if (g.forwarder != rank) continue;
+      NodeFwdSeg f;
+      f.seg = i;
+      FUSCO_CHECK(readSegment(shape, nodes, g, metaFrom[g.src], &at[g.src], &f));
+      out->push_back(std::move(f));
+    }
   }
   for (int s = 0; s < nodes.nranks; ++s) {
     if (nodes.sameNode(s, rank) || at[s] == metaFrom[s].size()) continue;
@@ -174,15 +368,19 @@ fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<
                               std::vector<std::vector<int32_t>>* metaFrom,
                               std::vector<std::vector<NodeInSeg>>* inFrom) {
   const int myNode = nodes.nodeOf[rank];
+  // The segments into this node, in global order: per source, one range of routes.
   struct Block {
-    size_t word = 0, len = 0, rows = 0;
+    size_t seg = 0, word = 0, len = 0, rows = 0;
   };
-  std::vector<Block> blocks(segs.size());
+  std::vector<Block> blocks;
+  for (int s = 0; s < nodes.nranks; ++s) {
+    const auto [first, last] = segmentsOf(segs, s, myNode);
+    for (size_t i = first; i < last; ++i) blocks.push_back(Block{i, 0, 0, 0});
+  }
   std::vector<size_t> at(nodes.nranks, 0);
   // Pass 1: every forwarder's blocks, in the order it wrote them.
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const NodeSegment& g = segs[i];
-    if (g.node != myNode) continue;
+  for (Block& k : blocks) {
+    const NodeSegment& g = segs[k.seg];
     const auto& b = blocksFrom[g.forwarder];
     size_t& w = at[g.forwarder];
     // The row count sizes this rank's views of src's fan rows (NodeInSeg): it must be the number
@@ -194,8 +392,10 @@ fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<
           fuscoRemoteError, kPlan,
           "fuscoMoePlan: forwarder rank %d sent a malformed block for rank %d's route %d",
           g.forwarder, g.src, g.route);
-    blocks[i] = Block{w + 4, static_cast<size_t>(b[w + 3]), static_cast<size_t>(b[w + 2])};
-    w += 4 + blocks[i].len;
+    k.word = w + 4;
+    k.len = static_cast<size_t>(b[w + 3]);
+    k.rows = static_cast<size_t>(b[w + 2]);
+    w += 4 + k.len;
   }
   for (int f : nodes.ranksOfNode[myNode])
     if (at[f] != blocksFrom[f].size())
@@ -203,16 +403,16 @@ fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<
                         "fuscoMoePlan: forwarder rank %d sent %zu block words, %zu expected", f,
                         blocksFrom[f].size(), at[f]);
   // Pass 2: per source, its segments in route order.
-  inFrom->assign(nodes.nranks, {});
+  inFrom->resize(nodes.nranks);
+  for (auto& v : *inFrom) v.clear();
   std::vector<size_t> rowsSoFar(nodes.nranks, 0);
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const NodeSegment& g = segs[i];
-    if (g.node != myNode) continue;
+  for (const Block& k : blocks) {
+    const NodeSegment& g = segs[k.seg];
     const auto& b = blocksFrom[g.forwarder];
     auto& m = (*metaFrom)[g.src];
-    m.insert(m.end(), b.begin() + blocks[i].word, b.begin() + blocks[i].word + blocks[i].len);
-    (*inFrom)[g.forwarder].push_back(NodeInSeg{i, rowsSoFar[g.src], blocks[i].rows});
-    rowsSoFar[g.src] += blocks[i].rows;
+    m.insert(m.end(), b.begin() + k.word, b.begin() + k.word + k.len);
+    (*inFrom)[g.forwarder].push_back(NodeInSeg{k.seg, rowsSoFar[g.src], k.rows});
+    rowsSoFar[g.src] += k.rows;
   }
   return fuscoSuccess;
 }

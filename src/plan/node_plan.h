@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/topology.h"
@@ -31,14 +32,22 @@
 namespace fusco {
 
 // relay: the rank whose NIC carries the rows (src, or a rank of src's node that receives them
-// over the intra-node path first and passes them on as they land).
+// over the intra-node path first and passes them on as they land); forwarder: a rank of node.
 struct NodeSegment {
   int src = 0, node = 0, route = 0, relay = 0, forwarder = 0;
   uint64_t pos0 = 0, rows = 0;
 };
 
-// Every segment of the communicator, ordered by (src, node, route); the same on every rank.
+// Every segment of the communicator, ordered by (src, node, route); the same on every rank. The
+// functions below that take segments expect exactly this list: they find a rank's own segments
+// by binary search on that order.
 std::vector<NodeSegment> nodeSegments(const NodeMap& nodes, const BalancePlan& plan);
+// The same list written into *out, reusing its storage (no allocation once sizes settle).
+void nodeSegmentsInto(const NodeMap& nodes, const BalancePlan& plan, std::vector<NodeSegment>* out);
+
+// [first, last): the indices of src's segments to `node` (node < 0: to every node) in segs, a
+// list ordered as nodeSegments makes it. O(log segs.size()).
+std::pair<size_t, size_t> segmentsOf(const std::vector<NodeSegment>& segs, int src, int node = -1);
 
 // What one rank sends across the network under NODE dedup.
 struct NodeSendPlan {
@@ -46,14 +55,29 @@ struct NodeSendPlan {
       nodeTokens;                             // [numNodes] tokens with an expert there, ascending
   std::vector<size_t> segs;                   // this rank's segments (indices), global order
   std::vector<std::vector<int32_t>> fwdMeta;  // [nranks] forward metadata for forwarder f
+  // planNodeSend's working storage, kept so that planning layer after layer reuses it.
+  struct Scratch {
+    std::vector<size_t> tokenRow;   // token -> its row among the segments being planned
+    std::vector<uint64_t> rowSize;  // per row: local ranks << 32 | forward metadata words
+    std::vector<int32_t*> rowAt;    // per row: where its next entry is written
+    std::vector<size_t> segWords;   // per segment of the node being planned: its words
+  } scratch;
 };
 
-// Tokens per node of this rank (nodeTokens), for the balancer's counts and planNodeSend.
+// Tokens per node of this rank (nodeTokens), for the balancer's counts and planNodeSend. The
+// lists' storage is reused from call to call.
 void nodeTokensOf(const MoeShape& shape, const NodeMap& nodes, const int64_t* topkIdx,
                   size_t numTokens, int topk, std::vector<std::vector<int64_t>>* nodeTokens);
+// The same lists from this rank's send plan (planSend's output, RANK or NONE) for that routing:
+// the union of the rows sent to each node's ranks. Cheaper than reading the routing again.
+void nodeTokensOf(const NodeMap& nodes, const MoeSendPlan& plan,
+                  std::vector<std::vector<int64_t>>* nodeTokens);
 
-// Builds the forward metadata from the RANK plan (rankPlan) of this rank: for each row of each
-// segment, a count D of local ranks, then D times (local rank index, m, m local expert indices).
+// Builds the forward metadata from the RANK plan (rankPlan, planSend's output) of this rank: for
+// each row of each segment, a count D of local ranks, then D times (local rank index, m, m local
+// expert indices). out->nodeTokens must hold nodeTokensOf's lists for the routing rankPlan was
+// made from. Cost: O(log segs.size()) plus the rows of this rank's segments and the RANK rows of
+// their nodes' ranks; out's vectors (fwdMeta, scratch) keep their storage.
 void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
                   const std::vector<NodeSegment>& segs, NodeSendPlan* out);
 

@@ -468,6 +468,73 @@ TEST(MoePlan, ReusedPlansEqualFreshOnes) {
   }
 }
 
+// The straightforward send plan: slot by slot, one push per row and per (row, slot).
+MoeSendPlan referenceSendPlan(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
+                              int topk, Dedup dedup) {
+  MoeSendPlan p;
+  p.numTokens = numTokens;
+  p.topk = topk;
+  p.rows.resize(shape.nranks);
+  p.meta.resize(shape.nranks);
+  p.kStart.assign(shape.nranks, {0});
+  p.kSlots.resize(shape.nranks);
+  std::vector<size_t> countAt(shape.nranks);
+  for (size_t t = 0; t < numTokens; ++t)
+    for (int k = 0; k < topk; ++k) {
+      const int64_t e = topkIdx[t * topk + k];
+      if (e < 0) continue;
+      const int r = shape.expertToRank[e];
+      if (dedup == Dedup::None || p.rows[r].empty() ||
+          p.rows[r].back() != static_cast<int64_t>(t)) {
+        if (!p.rows[r].empty()) p.kStart[r].push_back(static_cast<uint32_t>(p.kSlots[r].size()));
+        p.rows[r].push_back(static_cast<int64_t>(t));
+        countAt[r] = p.meta[r].size();
+        p.meta[r].push_back(0);
+      }
+      ++p.meta[r][countAt[r]];
+      p.meta[r].push_back(shape.localIndexOf[e]);
+      p.kSlots[r].push_back(static_cast<uint8_t>(k));
+    }
+  for (int r = 0; r < shape.nranks; ++r)
+    if (!p.rows[r].empty()) p.kStart[r].push_back(static_cast<uint32_t>(p.kSlots[r].size()));
+  return p;
+}
+
+TEST(MoePlan, SendPlansEqualTheSlotBySlotPlanOnRandomRoutings) {
+  MoeSendPlan reused;  // planned into for every case below: its storage is reused
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    CaseSpec c;
+    std::mt19937_64 rng(seed);
+    c.nranks = 1 + static_cast<int>(rng() % 12);
+    c.numExperts = c.nranks * (1 + static_cast<int>(rng() % 5));
+    c.explicitPlacement = seed % 3 == 0;
+    c.topk = 1 + static_cast<int>(rng() % std::min(c.numExperts, 9));
+    c.maxTokens = 1 + rng() % 200;
+    c.minusOnePercent = static_cast<int>(rng() % 40);
+    c.hotExpert = seed % 4 == 0 ? static_cast<int>(rng() % c.numExperts) : -1;
+    c.seed = seed;
+    const MoeRefProblem p = makeProblem(c);
+    MoeShape shape;
+    ASSERT_EQ(buildMoeShape(p.nranks, p.numExperts,
+                            p.placement.empty() ? nullptr : p.placement.data(), 1, &shape),
+              fuscoSuccess);
+    for (int s = 0; s < p.nranks; ++s)
+      for (Dedup dedup : {Dedup::None, Dedup::Rank, Dedup::Node}) {
+        SCOPED_TRACE("seed " + std::to_string(seed) + " rank " + std::to_string(s) + " dedup " +
+                     std::to_string(static_cast<int>(dedup)));
+        const MoeSendPlan want =
+            referenceSendPlan(shape, p.topkIdx[s].data(), p.numTokens[s], p.topk,
+                              dedup == Dedup::None ? Dedup::None : Dedup::Rank);
+        planSendInto(shape, s, p.topkIdx[s].data(), p.numTokens[s], p.topk, dedup, &reused);
+        EXPECT_EQ(reused.rows, want.rows);
+        EXPECT_EQ(reused.meta, want.meta);
+        EXPECT_EQ(reused.kStart, want.kStart);
+        EXPECT_EQ(reused.kSlots, want.kSlots);
+        EXPECT_EQ(reused.numTokens, p.numTokens[s]);
+      }
+  }
+}
+
 TEST(MoePlanBadInput, ExpertIdOutOfRangeNamesTokenAndSlot) {
   MoeShape shape;
   ASSERT_EQ(buildMoeShape(2, 4, nullptr, 1, &shape), fuscoSuccess);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/result.h"
@@ -29,10 +31,14 @@ struct World {
   std::vector<NodeSegment> segs;
 };
 
+// How makeWorld reshapes the balancer's routes: every flow of 2+ rows split in halves over two
+// forwarders, or over two relays that land at the same forwarder.
+enum class Split { None, TwoForwarders, TwoRelaysOneForwarder };
+
 // nranks ranks, localSize per node; rank s's tokens prefer node `hot` when skewed (so the
 // balancer has uneven flows to split).
 World makeWorld(int nranks, int localSize, int topk, uint64_t seed, bool skewed, Balance mode,
-                bool splitEveryFlow = false) {
+                Split split = Split::None, bool allowRelay = false) {
   World w;
   w.nodes = buildNodeMap(std::vector<std::string>(nranks, "h"), localSize);
   EXPECT_EQ(buildMoeShape(nranks, 4 * nranks, nullptr, 1, &w.shape), fuscoSuccess);
@@ -66,17 +72,18 @@ World makeWorld(int nranks, int localSize, int topk, uint64_t seed, bool skewed,
         rowsTo[s * w.nodes.numNodes + n] = w.nodeSend[s].nodeTokens[n].size();
   }
   BalancePlan bal;
-  planBalance(mode, w.nodes, rowsTo, false, &bal);
-  if (splitEveryFlow) {  // every flow of 2+ rows over two forwarders, halves in route order
-    for (auto& routes : bal.routes) {
-      if (routes.size() != 1 || routes[0].rows < 2) continue;
-      const int node = w.nodes.nodeOf[routes[0].forwarder];
-      const auto& local = w.nodes.ranksOfNode[node];
-      const int other = local[(w.nodes.localRankOf[routes[0].forwarder] + 1) % local.size()];
-      const uint64_t half = routes[0].rows / 2;
-      routes.push_back(RailRoute{routes[0].relay, other, routes[0].rows - half});
-      routes[0].rows = half;
-    }
+  planBalance(mode, w.nodes, rowsTo, allowRelay, &bal);
+  for (auto& routes : bal.routes) {  // halves in route order
+    if (split == Split::None || routes.size() != 1 || routes[0].rows < 2) continue;
+    const RailRoute r = routes[0];
+    const bool twoForwarders = split == Split::TwoForwarders;
+    const int pivot = twoForwarders ? r.forwarder : r.relay;
+    const auto& peers = w.nodes.ranksOfNode[w.nodes.nodeOf[pivot]];
+    const int next = peers[(w.nodes.localRankOf[pivot] + 1) % peers.size()];
+    const uint64_t half = r.rows / 2;
+    routes.push_back(twoForwarders ? RailRoute{r.relay, next, r.rows - half}
+                                   : RailRoute{next, r.forwarder, r.rows - half});
+    routes[0].rows = half;
   }
   w.segs = nodeSegments(w.nodes, bal);
   for (int s = 0; s < nranks; ++s) planNodeSend(w.nodes, s, w.rankPlan[s], w.segs, &w.nodeSend[s]);
@@ -154,7 +161,7 @@ TEST(NodePlan, FlowsSplitOverTwoForwardersReassembleInRouteOrder) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       SCOPED_TRACE(std::to_string(nranks) + "/" + std::to_string(ls) + " seed " +
                    std::to_string(seed));
-      World w = makeWorld(nranks, ls, 4, seed, true, Balance::Static, true);
+      World w = makeWorld(nranks, ls, 4, seed, true, Balance::Static, Split::TwoForwarders);
       size_t twoRoutes = 0;
       for (const NodeSegment& g : w.segs) twoRoutes += g.route == 1;
       EXPECT_GT(twoRoutes, 0u);
@@ -226,6 +233,134 @@ TEST(NodePlan, BlockRowCountThatDisagreesWithItsMetadataIsARemoteError) {
   EXPECT_EQ(planNodeReceive(w.nodes, f, w.segs, blocks, &out, &inFrom), fuscoRemoteError);
   EXPECT_NE(threadLastError().find("forwarder rank " + std::to_string(sender)), std::string::npos)
       << threadLastError();
+}
+
+// The straightforward forms of nodeTokensOf and planNodeSend: one push per token and node, and a
+// token-by-token merge over the RANK rows of every rank of the destination node.
+std::vector<std::vector<int64_t>> referenceNodeTokens(const MoeShape& shape, const NodeMap& nodes,
+                                                      const int64_t* topkIdx, size_t numTokens,
+                                                      int topk) {
+  std::vector<std::vector<int64_t>> out(nodes.numNodes);
+  for (size_t t = 0; t < numTokens; ++t)
+    for (int k = 0; k < topk; ++k) {
+      const int64_t e = topkIdx[t * topk + k];
+      if (e < 0 || e >= shape.numExperts) continue;
+      auto& v = out[nodes.nodeOf[shape.expertToRank[e]]];
+      if (v.empty() || v.back() != static_cast<int64_t>(t)) v.push_back(static_cast<int64_t>(t));
+    }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> referenceForwardMeta(
+    const NodeMap& nodes, int rank, const MoeSendPlan& plan, const std::vector<NodeSegment>& segs,
+    const std::vector<std::vector<int64_t>>& nodeTokens, std::vector<size_t>* mine) {
+  std::vector<std::vector<int32_t>> out(nodes.nranks);
+  std::vector<size_t> row(nodes.nranks, 0), word(nodes.nranks, 0);
+  mine->clear();
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const NodeSegment& g = segs[i];
+    if (g.src != rank) continue;
+    mine->push_back(i);
+    const auto& tokens = nodeTokens[g.node];
+    const auto& local = nodes.ranksOfNode[g.node];
+    auto& meta = out[g.forwarder];
+    for (uint64_t j = g.pos0; j < g.pos0 + g.rows && j < tokens.size(); ++j) {
+      const size_t countAt = meta.size();
+      meta.push_back(0);
+      for (size_t lr = 0; lr < local.size(); ++lr) {
+        const int r = local[lr];
+        if (row[r] >= plan.rows[r].size() || plan.rows[r][row[r]] != tokens[j]) continue;
+        const int32_t m = plan.meta[r][word[r]];
+        meta.push_back(static_cast<int32_t>(lr));
+        meta.insert(meta.end(), plan.meta[r].begin() + word[r],
+                    plan.meta[r].begin() + word[r] + 1 + m);
+        word[r] += 1 + m;
+        ++row[r];
+        ++meta[countAt];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(NodePlan, SendPlansEqualTheTokenByTokenMergeForEveryRouteShape) {
+  NodeSendPlan reused;  // planned into again and again, for every world below: storage is reused
+  size_t worlds = 0;
+  for (Split split : {Split::None, Split::TwoForwarders, Split::TwoRelaysOneForwarder})
+    for (auto [nranks, ls, topk] :
+         {std::tuple{4, 2, 3}, {9, 3, 5}, {12, 4, 8}, {7, 3, 2}, {16, 8, 6}})
+      for (uint64_t seed = 1; seed <= 4; ++seed) {
+        SCOPED_TRACE(std::to_string(nranks) + "/" + std::to_string(ls) + " top-" +
+                     std::to_string(topk) + " seed " + std::to_string(seed) + " split " +
+                     std::to_string(static_cast<int>(split)));
+        const World w =
+            makeWorld(nranks, ls, topk, seed, seed % 2 == 0, Balance::Greedy, split, seed % 3 != 0);
+        ++worlds;
+        for (int s = 0; s < nranks; ++s) {
+          const auto tokens =
+              referenceNodeTokens(w.shape, w.nodes, w.topkIdx[s].data(), w.tokens[s], topk);
+          ASSERT_EQ(w.nodeSend[s].nodeTokens, tokens) << "rank " << s;
+          std::vector<size_t> mine;
+          const auto want = referenceForwardMeta(w.nodes, s, w.rankPlan[s], w.segs, tokens, &mine);
+          EXPECT_EQ(w.nodeSend[s].fwdMeta, want) << "rank " << s;
+          EXPECT_EQ(w.nodeSend[s].segs, mine) << "rank " << s;
+          nodeTokensOf(w.nodes, w.rankPlan[s], &reused.nodeTokens);
+          EXPECT_EQ(reused.nodeTokens, tokens) << "rank " << s << ", from the RANK plan";
+          const MoeSendPlan none =
+              planSend(w.shape, s, w.topkIdx[s].data(), w.tokens[s], topk, Dedup::None);
+          nodeTokensOf(w.nodes, none, &reused.nodeTokens);
+          EXPECT_EQ(reused.nodeTokens, tokens) << "rank " << s << ", from the NONE plan";
+          nodeTokensOf(w.shape, w.nodes, w.topkIdx[s].data(), w.tokens[s], topk,
+                       &reused.nodeTokens);
+          planNodeSend(w.nodes, s, w.rankPlan[s], w.segs, &reused);
+          EXPECT_EQ(reused.nodeTokens, tokens) << "rank " << s << ", reused plan";
+          EXPECT_EQ(reused.fwdMeta, want) << "rank " << s << ", reused plan";
+          EXPECT_EQ(reused.segs, mine) << "rank " << s << ", reused plan";
+        }
+      }
+  EXPECT_EQ(worlds, 60u);
+}
+
+TEST(NodePlan, SegmentsOfFindsEachSourcesRoutesAndReusedListsMatchFreshOnes) {
+  std::vector<NodeSegment> reused;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const World w = makeWorld(12, 4, 4, seed, true, Balance::Greedy, Split::TwoForwarders, true);
+    for (int s = -1; s <= 12; ++s)
+      for (int node = -1; node <= w.nodes.numNodes; ++node) {
+        size_t first = w.segs.size(), last = 0;
+        for (size_t i = 0; i < w.segs.size(); ++i)
+          if (w.segs[i].src == s && (node < 0 || w.segs[i].node == node)) {
+            first = std::min(first, i);
+            last = i + 1;
+          }
+        const auto got = segmentsOf(w.segs, s, node);
+        if (last == 0) {
+          EXPECT_EQ(got.first, got.second) << s << " -> " << node;
+        } else {
+          EXPECT_EQ(got, std::make_pair(first, last)) << s << " -> " << node;
+        }
+      }
+    BalancePlan bal;
+    std::vector<uint64_t> rowsTo(12 * w.nodes.numNodes, 0);
+    for (int s = 0; s < 12; ++s)
+      for (int n = 0; n < w.nodes.numNodes; ++n)
+        if (n != w.nodes.nodeOf[s])
+          rowsTo[s * w.nodes.numNodes + n] = w.nodeSend[s].nodeTokens[n].size();
+    planBalance(Balance::Greedy, w.nodes, rowsTo, seed % 2 == 0, &bal,
+                static_cast<uint32_t>(seed * 16));
+    nodeSegmentsInto(w.nodes, bal, &reused);
+    const auto fresh = nodeSegments(w.nodes, bal);
+    ASSERT_EQ(reused.size(), fresh.size());
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      EXPECT_EQ(reused[i].src, fresh[i].src);
+      EXPECT_EQ(reused[i].node, fresh[i].node);
+      EXPECT_EQ(reused[i].route, fresh[i].route);
+      EXPECT_EQ(reused[i].relay, fresh[i].relay);
+      EXPECT_EQ(reused[i].forwarder, fresh[i].forwarder);
+      EXPECT_EQ(reused[i].pos0, fresh[i].pos0);
+      EXPECT_EQ(reused[i].rows, fresh[i].rows);
+    }
+  }
 }
 
 }  // namespace

@@ -445,6 +445,7 @@ const TransportOps kCudaIpcTransport = {
     ipcMarkAborted,    // markAborted
     ipcClose,          // close
     nullptr,           // progress
+    nullptr,           // sendsInFlight (a post is complete once copied)
 };
 
 }  // namespace fusco

@@ -360,5 +360,6 @@ const TransportOps kShmTransport = {
     shmMarkAborted,  // markAborted
     shmClose,        // close
     nullptr,         // progress
+    nullptr,         // sendsInFlight (a post is complete once copied)
 };
 }  // namespace fusco
