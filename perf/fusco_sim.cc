@@ -167,6 +167,12 @@ bool parseArgs(int argc, char** argv, Options* o) {
     std::fprintf(stderr, "fusco_sim: need 1 <= nodes * gpus <= 4096, topk >= 1, hidden >= 1\n");
     return false;
   }
+  for (int ep : o->timeEps) {
+    if (ep > 0 && (ep > 4096 || ep % std::min(o->gpus, ep) != 0)) {
+      std::fprintf(stderr, "fusco_sim: --time-eps %d is not a multiple of --gpus %d (or above 4096)\n", ep, o->gpus);
+      return false;
+    }
+  }
   if (o->experts % nranks != 0) o->experts = (o->experts / nranks + 1) * nranks;
   if (o->topk > o->experts) {
     std::fprintf(stderr, "fusco_sim: topk %d > experts %d\n", o->topk, o->experts);

@@ -157,7 +157,7 @@ void accountCluster(const MoeShape& shape, const NodeMap& nodes, const RouteFn& 
         out->links[st].nvRecv[r] += bytes;
       }
     }
-    nodeTokensOf(shape, nodes, idx.data(), spec.tokens, spec.topk, &nsp.nodeTokens);
+    nodeTokensOf(nodes, rankPlan, &nsp.nodeTokens);  // the API's way: from the RANK plan
     for (int n = 0; n < nn; ++n) {
       if (n == nodes.nodeOf[s]) continue;
       rowsTo[static_cast<size_t>(s) * nn + n] = nsp.nodeTokens[n].size();
@@ -174,7 +174,7 @@ void accountCluster(const MoeShape& shape, const NodeMap& nodes, const RouteFn& 
   for (int s = 0; s < nr; ++s) {
     route(s, &idx);
     planSendInto(shape, s, idx.data(), spec.tokens, spec.topk, Dedup::Rank, &rankPlan);
-    nodeTokensOf(shape, nodes, idx.data(), spec.tokens, spec.topk, &nsp.nodeTokens);
+    nodeTokensOf(nodes, rankPlan, &nsp.nodeTokens);  // the API's way: from the RANK plan
     for (int st = 1; st < kNumStrategies; ++st) {
       planNodeSend(nodes, s, rankPlan, segs[st], &nsp);
       accountNodeSegments(nodes, s, segs[st], nsp, B, &out->links[st]);

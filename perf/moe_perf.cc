@@ -54,12 +54,6 @@ fuscoMoeConfig_t moeConfig(const MoeOptions& o, const MoeVariant& v) {
   return cfg;
 }
 
-fuscoMoeConfig_t moeConfig(const MoeOptions& o) {
-  MoeVariant v;
-  v.dedup = o.dedup, v.balance = o.balance;
-  return moeConfig(o, v);
-}
-
 std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups, const std::vector<int>& balances) {
   std::vector<MoeVariant> out;
   auto add = [&out](int d, int b, bool applies) {
@@ -230,7 +224,6 @@ int parseArgs(int argc, char** argv, MoeOptions* o) {
     return 2;
   }
   o->variants = moeVariants(o->dedups, o->balances);
-  o->dedup = o->variants.front().dedup, o->balance = o->variants.front().balance;
   if (o->variants.size() > 1 && !o->fuse) {
     fprintf(stderr, "%s: --fuse off runs the unfused pipeline as the fusco contender: give one "
             "--dedup and one --balance value\n", argv[0]);

@@ -30,11 +30,8 @@ extern const char* const kBalanceNames[4];  // FUSCO_BALANCE_* order
 // distinct pair runs as its own contender with its own handle (dedup none / rank ignore the
 // balance, so they run once each: balanceApplies false).
 struct MoeVariant {
-  int dedup = FUSCO_DEDUP_AUTO;      // the first variant's (CUDA path: the only one)
+  int dedup = FUSCO_DEDUP_AUTO;
   int balance = FUSCO_BALANCE_AUTO;
-  std::vector<int> dedups = {FUSCO_DEDUP_AUTO};        // --dedup list, as given
-  std::vector<int> balances = {FUSCO_BALANCE_AUTO};    // --balance list, as given
-  std::vector<MoeVariant> variants;  // distinct (dedup, balance) pairs, dedup-major (parseArgs)
   bool balanceApplies = true;
 };
 
@@ -49,11 +46,10 @@ struct MoeOptions {
   int iters = 5;
   int warmup = 1;
   int check = 1;
-  int dedup = FUSCO_DEDUP_AUTO;      // the first variant's (CUDA path: the only one)
-  int balance = FUSCO_BALANCE_AUTO;
   std::vector<int> dedups = {FUSCO_DEDUP_AUTO};        // --dedup list, as given
   std::vector<int> balances = {FUSCO_BALANCE_AUTO};    // --balance list, as given
-  std::vector<MoeVariant> variants;  // distinct (dedup, balance) pairs, dedup-major (parseArgs)
+  std::vector<MoeVariant> variants;  // distinct (dedup, balance) pairs, dedup-major (parseArgs);
+                                     // the CUDA path runs the first
   bool fuse = true;
   bool replan = true;  // off: plan once and reuse the handle / permutation (steady state)
   int arena = 1;       // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
@@ -66,7 +62,6 @@ struct MoeOptions {
 };
 
 const char* dtypeName(fuscoDataType_t dt);
-fuscoMoeConfig_t moeConfig(const MoeOptions& o);
 fuscoMoeConfig_t moeConfig(const MoeOptions& o, const MoeVariant& v);
 // The distinct variants of dedups x balances (none / rank once each, with balances[0]).
 std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups, const std::vector<int>& balances);

@@ -16,8 +16,6 @@ namespace fusco {
 
 namespace {
 
-enum ScratchSlot { kExpertCopyScratch = 1, kBasesScratch = 3 };
-constexpr uint64_t kCopyPiece = 64 << 10;  // a flat copy runs in pieces of this size
 
 // Places sections in one buffer, each 16-byte aligned.
 struct Packer {
@@ -152,24 +150,22 @@ fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataT
   const size_t rowOut = hidden * dataTypeSize(dt);
   if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
-  // Peers read this rank's expert output in place when they can map it (fuscoMemAlloc or
-  // registered), else a copy of it in the comm's scratch.
+  // Peers read this rank's expert output in place when every one of them can map it (fuscoMemAlloc
+  // or registered), else a copy of it in the comm's scratch.
   const size_t extent = h.recv.numRecvRows * rowOut;
   const char* offered = static_cast<const char*>(expertOut);
+  bool mappable = true;
   uint64_t token = 0;
-  if (a.status == fuscoSuccess && extent > 0 && n > 1 && !c.regionToken((me + 1) % n, expertOut, extent, &token)) {
+  for (int p = 0; p < n && mappable && extent > 0; ++p)
+    mappable = p == me || c.regionToken(p, expertOut, extent, &token);
+  if (a.status == fuscoSuccess && !mappable) {
     char* copy = joinScratch(c, kExpertCopyScratch, extent, &a);
-    if (copy != nullptr) {
-      DevCopyTask t;
-      t.src = static_cast<const char*>(expertOut);
-      t.dst = copy;
-      t.rowBytes = kCopyPiece;
-      t.nrows = (extent + kCopyPiece - 1) / kCopyPiece;
-      t.totalBytes = extent;
-      joinFailure(deviceCopy({t}, stream), &a);
-    }
+    if (copy != nullptr) joinFailure(deviceCopy({flatCopyTask(expertOut, copy, extent)}, stream), &a);
     offered = copy;
   }
+  // The sum kernel's table of the ranks' bases in the comm's scratch: allocated before any flag
+  // is posted, filled on the stream once the peers' buffers are mapped.
+  char* basesDev = joinScratch(c, kBasesScratch, n * sizeof(char*), &a);
   // One pull operation: the message from p is the (t, k) rows this rank sent p, read by this
   // rank's sum kernel in p's expert output.
   std::vector<PeerWork>& work = *workOut;
@@ -179,15 +175,13 @@ fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataT
     work[p].sends.push_back(s);
     work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.send.kSlots[p].size()));
   }
-  Communicator* comm = &c;
-  auto sum = [&h, comm, n, dt, hidden, topkWeights, out](const std::vector<const char*>& bases,
-                                                            void* s) -> fuscoResult_t {
+  auto sum = [&h, basesDev, n, dt, hidden, topkWeights, out](const std::vector<const char*>& bases,
+                                                                void* s) -> fuscoResult_t {
     if (h.numTokens == 0) return fuscoSuccess;
-    char* dev = nullptr;
-    FUSCO_CHECK(comm->scratch(kBasesScratch, n * sizeof(char*), &dev));
-    FUSCO_CHECK(cudaCopyToDeviceAsync(dev, bases.data(), n * sizeof(char*), s));
+    const char** table = reinterpret_cast<const char**>(basesDev);
+    FUSCO_CHECK(deviceStorePointers(table, bases.data(), n, s));
     DevFinalSum f;
-    f.bases = reinterpret_cast<const char* const*>(dev);
+    f.bases = table;
     f.basesAligned = true;
     for (const char* b : bases) f.basesAligned = f.basesAligned && (reinterpret_cast<uintptr_t>(b) & 15) == 0;
     f.termStart = h.dev.termStart;

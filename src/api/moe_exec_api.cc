@@ -1,5 +1,7 @@
-// fuscoMoeDispatch and fuscoMoeCombine: one engine operation for dispatch, two for combine
-// (routing weights to the expert side, then one partial row per (token, rank) back).
+// fuscoMoeDispatch and fuscoMoeCombine on host comms (CUDA comms: moe_device.cc): one engine
+// operation for dispatch, two for combine (routing weights to the expert side, then one partial
+// row per (token, rank) back); under NODE dedup each crosses nodes once per (token, node) through
+// a forwarder (and a relay), the hops pipelined inside the same operation.
 //
 // Dispatch writes each row straight into its final expert-major rows: in the receiver's buffer
 // when it can be mapped (the sender knows the receiver's fan rows from the plan), else through a
@@ -50,7 +52,6 @@ char* fusco::joinScratch(Communicator& c, int slot, size_t bytes, ArgCheck* a) {
 
 namespace {
 
-enum ScratchSlot { kLandingScratch = 1, kStagingScratch = 2 };
 
 struct Traffic {
   size_t intraRows = 0, interRows = 0, intraBytes = 0, interBytes = 0;
@@ -78,12 +79,18 @@ bool nodeDedup(const fuscoMoeHandle& h) { return h.dedup == Dedup::Node; }
 // every segment crossing between this rank's NIC and forwarder p; j is g's index in st.relayed
 // when this rank relays g for a peer of its node, -1 when g is this rank's own.
 template <typename Fn>
-void forEachSegmentViaNic(const fuscoMoeHandle::NodeState& st, int me, int p, Fn fn) {
-  for (size_t i = 0, j = 0; i < st.segs.size(); ++i) {
-    const NodeSegment& g = st.segs[i];
-    const bool relayed = g.relay == me && g.src != me;
-    if (g.relay == me && g.forwarder == p) fn(g, relayed ? static_cast<ptrdiff_t>(j) : ptrdiff_t{-1});
-    j += relayed;
+void forEachSegmentViaNic(const fuscoMoeHandle::NodeState& st, const NodeMap& nodes, int me, int p, Fn fn) {
+  // A relay is a rank of its source's node, so only this node's ranks' segments (ascending rank,
+  // hence in segment order, as st.relayed) can leave through this rank's NIC.
+  size_t j = 0;
+  for (int s : nodes.ranksOfNode[nodes.nodeOf[me]]) {
+    const auto [first, last] = segmentsOf(st.segs, s);
+    for (size_t i = first; i < last; ++i) {
+      const NodeSegment& g = st.segs[i];
+      if (g.relay != me) continue;
+      if (g.forwarder == p) fn(g, s != me ? static_cast<ptrdiff_t>(j) : ptrdiff_t{-1});
+      j += s != me;
+    }
   }
 }
 
@@ -396,7 +403,7 @@ fuscoResult_t combineNode(fuscoMoeHandle& h, const void* expertOut, fuscoDataTyp
       s.readyCtx = &ns;
       w.sends.push_back(s);
     }
-    forEachSegmentViaNic(st, me, p, [&](const NodeSegment& g, ptrdiff_t j) {  // returning node sums
+    forEachSegmentViaNic(st, c.nodes(), me, p, [&](const NodeSegment& g, ptrdiff_t j) {  // returning node sums
       RowStream r = RowStream::flat(j >= 0 ? relaySums[j] : nodeLanding[g.node] + g.pos0 * rowOut, g.rows * rowOut);
       if (j >= 0) r.landed = &relayLanded[j];
       w.recvs.push_back(r);
@@ -486,7 +493,7 @@ fuscoResult_t hostDispatchNode(fuscoMoeHandle& h, const void* x, size_t rowBytes
       }
       continue;
     }
-    forEachSegmentViaNic(st, me, p, [&](const NodeSegment& g, ptrdiff_t j) {  // leaving rows
+    forEachSegmentViaNic(st, c.nodes(), me, p, [&](const NodeSegment& g, ptrdiff_t j) {  // leaving rows
       if (j < 0) {
         w.sends.push_back(RowStream::indexed(x, rowBytes, st.send.nodeTokens[g.node].data() + g.pos0, g.rows));
         return;

@@ -1,6 +1,7 @@
 // fuscoMoePlan's NODE dedup steps (node_plan.h has the protocol): every rank's token counts per
 // node, the balancer (the same routes on every rank), the forward metadata to the forwarders and
 // the forwarders' blocks to the ranks of their node.
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -13,7 +14,11 @@ namespace fusco {
 
 namespace {
 
-// Every rank's rows per node (rowsTo[s * numNodes + N]), from each rank's own counts.
+constexpr int64_t kMaxSlack = 1 << 20;         // FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound
+constexpr uint64_t kMaxNodeRows = 1ull << 34;  // a count no plan reaches (exchangeWords' bound too)
+
+// Every rank's words (all[s * words + i]), from each rank's own `mine` (the same length on every
+// rank: the node count and two settings).
 fuscoResult_t gatherNodeCounts(fuscoComm_t comm, const ArgCheck& a,
                                const std::vector<uint64_t>& mine, std::vector<uint64_t>* all) {
   const int n = comm->impl->nranks();
@@ -47,18 +52,36 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   const int me = c.rank(), n = c.nranks();
   auto& st = h.node;
   st.balance = balanceMode(balance);
-  std::vector<uint64_t> mine(nodes.numNodes, 0), all;
+  // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
+  // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
+  // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
+  const uint32_t slack = static_cast<uint32_t>(std::clamp<int64_t>(paramInt("FUSCO_BALANCE_SLACK"), 0, kMaxSlack));
+  // Every rank's counts, then the settings its routes depend on: every rank must plan the same.
+  const size_t nn = nodes.numNodes, words = nn + 2;
+  std::vector<uint64_t> mine(words, 0), all;
+  mine[nn] = static_cast<uint64_t>(st.balance), mine[nn + 1] = slack;
   if (a.status == fuscoSuccess) {
     nodeTokensOf(nodes, h.send, &st.send.nodeTokens);
     for (int node = 0; node < nodes.numNodes; ++node)
       if (node != nodes.nodeOf[me]) mine[node] = st.send.nodeTokens[node].size();
   }
   FUSCO_CHECK(gatherNodeCounts(comm, a, mine, &all));
-  // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
-  // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
-  // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
-  planBalance(st.balance, nodes, all, st.balance == Balance::Greedy, &st.plan,
-              static_cast<uint32_t>(paramInt("FUSCO_BALANCE_SLACK")));
+  ArgCheck agreed = a;
+  std::vector<uint64_t> rowsTo(static_cast<size_t>(n) * nn);
+  for (int s = 0; s < n; ++s) {
+    const uint64_t* w = all.data() + s * words;
+    std::copy(w, w + nn, rowsTo.begin() + s * nn);
+    if (agreed.status == fuscoSuccess && (w[nn] != mine[nn] || w[nn + 1] != mine[nn + 1]))
+      agreed.fail("fuscoMoePlan: rank %d balances NODE routes with mode %llu slack %llu, this rank with mode %llu "
+                  "slack %llu (the config's balance and FUSCO_BALANCE_SLACK must agree)",
+                  s, static_cast<unsigned long long>(w[nn]), static_cast<unsigned long long>(w[nn + 1]),
+                  static_cast<unsigned long long>(mine[nn]), static_cast<unsigned long long>(mine[nn + 1]));
+    for (size_t k = 0; k < nn && agreed.status == fuscoSuccess; ++k)
+      if (w[k] > kMaxNodeRows) agreed.fail("fuscoMoePlan: rank %d sent a count of %llu rows to node %zu", s,
+                                           static_cast<unsigned long long>(w[k]), k);
+  }
+  if (agreed.status != fuscoSuccess) std::fill(rowsTo.begin(), rowsTo.end(), 0);
+  planBalance(st.balance, nodes, rowsTo, st.balance == Balance::Greedy, &st.plan, slack);
   nodeSegmentsInto(nodes, st.plan, &st.segs);
   if (me == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
     FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
@@ -81,7 +104,7 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   // Step 2: the RANK metadata to the ranks of this node, the forward metadata to forwarders.
   std::vector<std::vector<int32_t>> out(n), in;
   for (int p = 0; p < n; ++p) out[p] = nodes.sameNode(p, me) ? h.send.meta[p] : st.send.fwdMeta[p];
-  FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", a, out, &in));
+  FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", agreed, out, &in));
   // Step 3: what this rank forwards, told to each rank of its node.
   if (planNodeForward(h.shape, nodes, me, st.segs, in, &st.fwd) != fuscoSuccess) {
     b->status = fuscoRemoteError;

@@ -46,10 +46,10 @@ fuscoResult_t cudaUseDevice(int requested, int* device) {
   }
   if (n == 0) return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no CUDA device is present");
   int dev = requested;
-  if (dev < 0) FUSCO_CUDACHECK(cudaGetDevice(&dev), kEngine);
+  if (dev < 0) FUSCO_CUDACHECK(cudaGetDevice(&dev), kInit);
   if (dev >= n)
     return FUSCO_FAIL(fuscoInvalidArgument, kInit, "config.cudaDevice %d: only %d CUDA device(s) present", dev, n);
-  FUSCO_CUDACHECK(cudaSetDevice(dev), kEngine);
+  FUSCO_CUDACHECK(cudaSetDevice(dev), kInit);
   *device = dev;
   return fuscoSuccess;
 }
@@ -118,13 +118,6 @@ fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void*
   return fuscoSuccess;
 }
 
-fuscoResult_t cudaCopyToDeviceAsync(void* dst, const void* src, size_t bytes, void* stream) {
-  if (bytes == 0) return fuscoSuccess;
-  FUSCO_CUDACHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
-                  kEngine);
-  return fuscoSuccess;
-}
-
 void cudaDeviceSyncQuiet() {
   cudaDeviceSynchronize();
   cudaGetLastError();
@@ -190,7 +183,6 @@ bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamWriteFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
-fuscoResult_t cudaCopyToDeviceAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }
@@ -201,6 +193,7 @@ fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
 fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) { return notBuilt(); }
+fuscoResult_t deviceStorePointers(const char**, const char* const*, size_t, void*) { return notBuilt(); }
 fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
 
 #endif

@@ -34,9 +34,6 @@ fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr);
 fuscoResult_t cudaFreeDevice(void* ptr);
 // Copies bytes from device memory to host memory on `stream` and waits for it.
 fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream);
-// Copies bytes from pageable host memory to device memory on `stream`; src may be reused once
-// this returns (the runtime stages pageable memory before returning).
-fuscoResult_t cudaCopyToDeviceAsync(void* dst, const void* src, size_t bytes, void* stream);
 // Waits for all work of the current device (teardown only).
 void cudaDeviceSyncQuiet();
 

@@ -129,19 +129,8 @@ struct Elem<fuscoFloat16> {
   static constexpr int kSize = 2;
 };
 
-// V consecutive elements at element index j (j a multiple of V when V > 1: one 16-byte access).
-template <int kDt, int V>
-__device__ __forceinline__ void loadVec(const char* row, uint64_t j, float* out) {
-  using E = Elem<kDt>;
-  if constexpr (V == 1) {
-    out[0] = E::load(row, j);
-  } else {
-    uint4 raw = *reinterpret_cast<const uint4*>(row + j * E::kSize);
-    const char* p = reinterpret_cast<const char*>(&raw);
-#pragma unroll
-    for (int v = 0; v < V; ++v) out[v] = E::load(p, v);
-  }
-}
+// Stores V consecutive elements at element index j (j a multiple of V when V > 1: one 16-byte
+// access; loads go through Lane below).
 template <int kDt, int V>
 __device__ __forceinline__ void storeVec(char* row, uint64_t j, const float* in) {
   using E = Elem<kDt>;
@@ -270,6 +259,18 @@ __global__ void __launch_bounds__(kSumThreads) finalSumKernel(const __grid_const
   }
 }
 
+// Pointers carried in the launch's parameters and stored to device memory (no host buffer).
+constexpr int kPointersPerLaunch = 64;
+struct PointerBatch {
+  const char* p[kPointersPerLaunch];
+  const char** dst;
+  int n;
+};
+
+__global__ void storePointersKernel(const __grid_constant__ PointerBatch b) {
+  if (static_cast<int>(threadIdx.x) < b.n) b.dst[threadIdx.x] = b.p[threadIdx.x];
+}
+
 __global__ void zeroRowsKernel(char* base, uint64_t rowBytes, const int64_t* rows, uint64_t n) {
   for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
     char* r = base + static_cast<uint64_t>(rows[i]) * rowBytes;
@@ -358,6 +359,18 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSu
     case fuscoFloat16: return finalTyped<fuscoFloat16>(hidden, f, s);
     default: return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d", static_cast<int>(dt));
   }
+}
+
+fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n, void* stream) {
+  for (size_t at = 0; at < n; at += kPointersPerLaunch) {
+    PointerBatch b{};
+    b.dst = dst + at;
+    b.n = static_cast<int>(std::min<size_t>(kPointersPerLaunch, n - at));
+    for (int i = 0; i < b.n; ++i) b.p[i] = ptrs[at + i];
+    storePointersKernel<<<1, kPointersPerLaunch, 0, static_cast<cudaStream_t>(stream)>>>(b);
+    FUSCO_CHECK(launchResult("launching the pointer store kernel"));
+  }
+  return fuscoSuccess;
 }
 
 fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream) {

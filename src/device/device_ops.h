@@ -34,6 +34,18 @@ struct DevCopyTask {
 };
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream);
 
+// A copy of `bytes` contiguous bytes, in 64 KiB pieces (one warp each) with a clipped last piece.
+inline DevCopyTask flatCopyTask(const void* src, void* dst, uint64_t bytes) {
+  constexpr uint64_t kPiece = 64 << 10;
+  DevCopyTask t;
+  t.src = static_cast<const char*>(src);
+  t.dst = static_cast<char*>(dst);
+  t.rowBytes = kPiece;
+  t.nrows = (bytes + kPiece - 1) / kPiece;
+  t.totalBytes = bytes;
+  return t;
+}
+
 // The combine sum at the source, read straight from every rank's expert output: token t's terms
 // are [termStart[t], termStart[t+1]), one group per rank that holds rows of it (rank ascending),
 // termLast[k] != 0 closing a group:
@@ -55,6 +67,10 @@ struct DevFinalSum {
   uint64_t ntokens = 0;
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
+
+// Stores ptrs[0..n) to dst[0..n) in device memory, stream-ordered, the values carried in the
+// launches themselves (so the call never waits for the stream, as a copy from pageable memory may).
+fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n, void* stream);
 
 // Zero-fills rows[0..n) of base (rows of rowBytes).
 fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream);

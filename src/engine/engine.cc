@@ -215,8 +215,17 @@ void OpRunner::buildHeaders() {
   }
 }
 
-// A pull operation: every send stream's buffer, offered to its receiver (which reads it).
+// A pull operation: every send stream's buffer, offered to its receiver (which reads it). Pull
+// operations run on the GPU only, with one message per pair.
 void OpRunner::offerSends(int p, PairHeader* h) {
+  const char* why = !onDevice() ? "runs on the GPU only" : op_.peers[p].sends.size() > 1 || op_.peers[p].recvs.size() > 1
+                                                              ? "has one message per pair"
+                                                              : nullptr;
+  if (why != nullptr) {
+    op_.argStatus = fuscoInternalError;
+    op_.argError = std::string(op_.name) + ": a pull operation " + why;
+    return;
+  }
   for (const auto& s : op_.peers[p].sends) {
     uint64_t token = kStagedToken;
     const size_t extent = s.extentBytes();
@@ -302,6 +311,9 @@ void OpRunner::checkPairs() {
       pairMsg_[p] = "byte counts disagree with rank " + std::to_string(p) + ": this rank sends " +
                     str(m.sendBytes) + " and expects " + str(m.recvBytes) + "; rank " +
                     std::to_string(p) + " expects " + str(t.recvBytes) + " and sends " + str(t.sendBytes);
+    } else if (op_.pullRun && t.sendTokens.size() != t.sendBytes.size()) {
+      state_[p] = PairState::Mismatch;
+      pairMsg_[p] = "rank " + std::to_string(p) + " offered no buffer to read in a pull operation";
     } else {
       state_[p] = PairState::Ok;
     }

@@ -12,7 +12,6 @@ namespace fusco {
 namespace {
 
 constexpr int kStagingScratch = 100;       // the comm's scratch slot for staged receives
-constexpr uint64_t kFlatPiece = 64 << 10;  // a flat message is copied in pieces of this size
 constexpr size_t kStagingAlign = 256;
 
 bool flat(const RowStream& s) { return s.rows == nullptr && s.fanStart == nullptr; }
@@ -33,8 +32,7 @@ fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opNam
   t->fanRows = d.fanRows;
   t->totalBytes = s.bytes();
   if (flat(s) && flat(d)) {
-    t->rowBytes = kFlatPiece;
-    t->nrows = (t->totalBytes + kFlatPiece - 1) / kFlatPiece;
+    *t = flatCopyTask(s.base, d.base, s.bytes());
   } else if (flat(s)) {
     t->rowBytes = d.rowBytes;
     t->nrows = d.nrows;
@@ -139,9 +137,7 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
   FUSCO_CHECK(f.init(c, mine, moves));
   std::vector<const char*> bases(n, nullptr);
   for (int p = 0; p < n; ++p) {
-    if (!moves[p]) continue;
-    if (op.peers[p].recvs.size() > 1 || op.peers[p].sends.size() > 1)
-      return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: a pull operation has one message per pair", op.name);
+    if (!moves[p]) continue;  // one message per pair and one offer per message: checked before the verdict
     if (p == me) {
       if (!op.peers[me].sends.empty()) bases[me] = op.peers[me].sends[0].base;
       continue;
@@ -149,7 +145,7 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
     if (!f.recvs[p]) continue;
     const PairHeader& t = theirs[p];
     const PeerConn& pc = c.conn(p);
-    void* base = t.sendTokens.size() != 1 || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
+    void* base = t.sendTokens.empty() || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
                      ? nullptr
                      : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
     if (base == nullptr)

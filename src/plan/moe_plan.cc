@@ -5,7 +5,6 @@
 
 #include <cinttypes>
 #include <cstdio>
-#include <memory>
 
 #include "core/result.h"
 
@@ -54,11 +53,7 @@ void countSend(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, 
 }
 
 // One valid slot of the routing, bucketed by destination rank (token order kept within a rank).
-struct SlotRecord {
-  int64_t token;
-  int32_t local;  // the expert's index among its rank's experts
-  uint32_t k;     // the slot
-};
+using SlotRecord = MoeSendPlan::Slot;
 
 // Scatters every valid slot into its rank's bucket: bucket r starts at rec + (slots of ranks
 // before r), as counted by countSend. One sequential write stream per rank.
@@ -268,9 +263,9 @@ void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_
     p.kSlots[r].resize(c[r].slots);
     total += c[r].slots;
   }
-  std::unique_ptr<SlotRecord[]> rec(new SlotRecord[total]);
-  bucketSlots(shape, topkIdx, numTokens, topk, c, rec.get());
-  const SlotRecord* q = rec.get();
+  p.scratch.resize(total);
+  bucketSlots(shape, topkIdx, numTokens, topk, c, p.scratch.data());
+  const SlotRecord* q = p.scratch.data();
   for (int r = 0; r < n; ++r) {
     expandBucket(q, c[r].slots, perRank, p.rows[r].data(), p.meta[r].data(), p.kStart[r].data(),
                  p.kSlots[r].data());
@@ -282,6 +277,7 @@ MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, si
                      int topk, Dedup dedup) {
   MoeSendPlan p;
   planSendInto(shape, rank, topkIdx, numTokens, topk, dedup, &p);
+  p.scratch = {};  // a plan kept in a handle does not hold the working space
   return p;
 }
 

@@ -59,12 +59,20 @@ struct MoeSendPlan {
   std::vector<std::vector<uint8_t>> kSlots;
   size_t numTokens = 0;
   int topk = 0;
+  // planSendInto's working space, one record per valid slot bucketed by destination rank; kept so
+  // a plan rebuilt every layer allocates nothing (planSend returns it empty).
+  struct Slot {
+    int64_t token;
+    int32_t local;  // the expert's index among its rank's experts
+    uint32_t k;     // the slot
+  };
+  std::vector<Slot> scratch;
 };
 MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                      int topk, Dedup dedup);
-// The same plan written into *out, reusing its vectors' capacity (a handle re-planned every layer
-// then allocates only a scratch of 16 bytes per slot, freed on return). Expects validateTopk to
-// have passed; ids outside the range are skipped.
+// The same plan written into *out, reusing its vectors' capacity (a plan rebuilt every layer
+// allocates nothing once it has seen its largest layer). Expects validateTopk to have passed; ids
+// outside the range are skipped.
 void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                   int topk, Dedup dedup, MoeSendPlan* out);
 

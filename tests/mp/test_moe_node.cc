@@ -182,4 +182,37 @@ TEST(MoeNode, TokensForOneRemoteNodeCrossOnceInsteadOfOncePerRank) {
   });
 }
 
+// Ranks that balance NODE routes differently would plan different routes: every rank fails the
+// plan with an error naming the rank that differs, nothing hangs, and the comm stays usable.
+TEST(MoeNode, RanksWithDifferentBalanceSettingsFailThePlanEverywhere) {
+  const uint64_t seed = fusco::test::testSeed();
+  runRanks(4, [seed](const RankCtx& ctx) {
+    MoeCase c;
+    c.nranks = 4;
+    c.localSize = 2;
+    c.numExperts = 8;
+    c.topk = 3;
+    c.numTokens = {20, 20, 20, 20};
+    fuscoConfig_t cfg = commConfig(c, 20000);
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    auto p = fusco::test::makeProblem(c, seed);
+    fuscoMoeConfig_t m = fusco::test::moeConfig(c, FUSCO_DEDUP_NODE);
+    m.balance = ctx.rank == 3 ? FUSCO_BALANCE_STATIC : FUSCO_BALANCE_GREEDY;
+    fuscoMoeHandle_t h = nullptr;
+    const double t0 = fusco::test::nowSec();
+    const fuscoResult_t r = fuscoMoePlan(&h, comm, &m, p.topkIdx[ctx.rank].data(), 20, 3, nullptr);
+    EXPECT_LT(fusco::test::nowSec() - t0, 10.0) << "the failing plan must not wait for the timeout";
+    EXPECT_NE(r, fuscoSuccess) << "ranks planned NODE routes with different balance settings";
+    const std::string msg = fuscoGetLastError(comm);
+    EXPECT_NE(msg.find("FUSCO_BALANCE_SLACK must agree"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(ctx.rank == 3 ? "rank 0" : "rank 3"), std::string::npos) << msg;
+    if (r == fuscoSuccess) FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    // The same plan with one setting everywhere succeeds on the same comm.
+    m.balance = FUSCO_BALANCE_GREEDY;
+    FUSCO_EXPECT_OK(comm, fuscoMoePlan(&h, comm, &m, p.topkIdx[ctx.rank].data(), 20, 3, nullptr));
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
 }  // namespace

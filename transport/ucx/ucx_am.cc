@@ -116,12 +116,7 @@ fuscoResult_t peerError(UcxComm* c, int peer) {
 
 // Sends the cumulative release count to peer p if it changed and no credit is in flight.
 void pumpCredit(UcxComm* c, UcxPeer& p) {
-  ucs_status_t st;
-  if (p.creditReq != nullptr) {
-    if (!requestDone(p.creditReq, &st)) return;
-    p.creditReq = nullptr;
-    if (st != UCS_OK) return markFailed(c, static_cast<int>(&p - c->peers.data()), st);
-  }
+  if (!reapSend(c, static_cast<int>(&p - c->peers.data()), &p.creditReq)) return;
   if (!p.creditDirty || p.ep == nullptr || p.failed) return;
   p.creditHdr = CreditHeader{c->commTag, p.consumed, c->rank, 0};
   p.creditDirty = false;

@@ -124,6 +124,9 @@ bool decodeBlob(const std::string& blob, uint64_t commTag, int rank,
 fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr);
 // Polls a request: true when it is done (then freed, *st its status); false while in flight.
 bool requestDone(void* req, ucs_status_t* st);
+// Polls the send request *req to peer (nullptr: none): false while it runs; once done, clears
+// *req, marks the peer failed if the send failed, and returns true.
+bool reapSend(UcxComm* c, int peer, void** req);
 // Closes endpoints (bounded flush), frees requests, destroys workers and contexts.
 void teardown(UcxComm* c);
 

@@ -91,6 +91,15 @@ bool requestDone(void* req, ucs_status_t* st) {
   return true;
 }
 
+bool reapSend(UcxComm* c, int peer, void** req) {
+  if (*req == nullptr) return true;
+  ucs_status_t st;
+  if (!requestDone(*req, &st)) return false;
+  *req = nullptr;
+  if (st != UCS_OK) markFailed(c, peer, st);
+  return true;
+}
+
 fuscoResult_t openRail(UcxComm* c, const std::string& device, UcxRail* rail) {
   rail->device = device;
   ucp_config_t* cfg = nullptr;

@@ -176,15 +176,7 @@ fuscoResult_t ucxSendAcquire(TransportComm* tc, int peer, void** buf, size_t* ca
   if (p->failed || p->aborted || p->posted - p->credited >= static_cast<uint64_t>(c->depth))
     return fuscoSuccess;
   size_t slot = p->posted % c->depth;
-  if (p->sendReq[slot] != nullptr) {
-    ucs_status_t st;
-    if (!ucx::requestDone(p->sendReq[slot], &st)) return fuscoSuccess;
-    p->sendReq[slot] = nullptr;
-    if (st != UCS_OK) {
-      ucx::markFailed(c, peer, st);
-      return fuscoSuccess;
-    }
-  }
+  if (!ucx::reapSend(c, peer, &p->sendReq[slot]) || p->failed) return fuscoSuccess;
   p->acquired = true;
   *buf = p->sendSlots.data() + slot * c->chunkBytes;
   return fuscoSuccess;
@@ -324,17 +316,9 @@ bool ucxSendsInFlight(TransportComm* tc, int peer) {
   ucx::progressAll(c);
   UcxPeer& p = c->peers[peer];
   if (p.failed || p.aborted) return false;  // checkPeer reports it
-  for (void*& q : p.sendReq) {
-    if (q == nullptr) continue;
-    ucs_status_t st;
-    if (!ucx::requestDone(q, &st)) return true;
-    q = nullptr;
-    if (st != UCS_OK) {
-      ucx::markFailed(c, peer, st);
-      return false;
-    }
-  }
-  return false;
+  for (void*& q : p.sendReq)
+    if (!ucx::reapSend(c, peer, &q)) return true;
+  return false;  // a failed send marked the peer failed: checkPeer reports it
 }
 
 void ucxClose(TransportComm* tc) {
