@@ -26,6 +26,7 @@ struct Options {
                                       SimPattern::Imbalanced, SimPattern::Zipf};
   uint64_t seed = 1;
   int maxNodes = 4;
+  int imbMaxNodes = 0;
   double imbRatio = 3.0;
   double zipfS = -1;  // < 0: each pattern's default
   uint32_t slack = 64;
@@ -47,7 +48,9 @@ void usage() {
       "  --experts E (256; raised to a multiple of nodes*gpus)\n"
       "  --tokens list (4096,8192,16384,32768: tokens per GPU)\n"
       "  --patterns list (real-world,single-node,imbalanced,zipf) --seed S (1)\n"
-      "  --max-nodes M (4: nodes a token may span, real-world/imbalanced) --imb-ratio R (3)\n"
+      "  --max-nodes M (4: nodes a real-world token may span) --imb-ratio R (3: imbalanced\n"
+      "    heavy / light cross-node data) --imb-max-nodes M (0: remote nodes an imbalanced\n"
+      "    token may span, 0 = all)\n"
       "  --zipf-s S (expert popularity exponent for every pattern; default per pattern: "
       "real-world\n"
       "    0.1, single-node 0, imbalanced 0.7, zipf 1.0)\n"
@@ -108,6 +111,8 @@ bool parseArgs(int argc, char** argv, Options* o) {
       o->seed = std::strtoull(v, nullptr, 10);
     else if (a == "--max-nodes")
       o->maxNodes = std::atoi(v);
+    else if (a == "--imb-max-nodes")
+      o->imbMaxNodes = std::atoi(v);
     else if (a == "--imb-ratio")
       o->imbRatio = d;
     else if (a == "--zipf-s")
@@ -167,6 +172,10 @@ bool parseArgs(int argc, char** argv, Options* o) {
     std::fprintf(stderr, "fusco_sim: need 1 <= nodes * gpus <= 4096, topk >= 1, hidden >= 1\n");
     return false;
   }
+  if (o->maxNodes < 1 || o->imbMaxNodes < 0 || !(o->imbRatio >= 1)) {
+    std::fprintf(stderr, "fusco_sim: need --max-nodes >= 1, --imb-max-nodes >= 0, --imb-ratio >= 1\n");
+    return false;
+  }
   for (int ep : o->timeEps) {
     if (ep > 0 && (ep > 4096 || ep % std::min(o->gpus, ep) != 0)) {
       std::fprintf(stderr, "fusco_sim: --time-eps %d is not a multiple of --gpus %d (or above 4096)\n", ep, o->gpus);
@@ -185,19 +194,30 @@ NodeMap makeNodes(int nodes, int gpus) {
   return buildNodeMap(std::vector<std::string>(static_cast<size_t>(nodes) * gpus, "host"), gpus);
 }
 
-// The FUSCO paper's published EP64 (8 x 8) dispatch+combine ms (NCCL, DeepEP, FUSCO); 16k tokens
-// only. Other cluster shapes print n/a.
+// The FUSCO paper's published EP64 (8 x 8) dispatch+combine ms (NCCL, DeepEP, FUSCO), as its
+// repository lists them: real-world at 4k-32k tokens per GPU, single-node at 4k-16k, imbalanced
+// at 16k. Other sizes and cluster shapes print n/a.
 bool paperMs(int nodes, int gpus, SimPattern p, size_t tokens, double out[3]) {
-  if (tokens != 16384 || nodes != 8 || gpus != 8) return false;
-  static const double kReal[3] = {143.6, 116.1, 86.8}, kSingle[3] = {150.1, 81.8, 41.0},
-                      kImb[3] = {339.3, 216.2, 151.3};
-  const double* src = p == SimPattern::RealWorld    ? kReal
-                      : p == SimPattern::SingleNode ? kSingle
-                      : p == SimPattern::Imbalanced ? kImb
-                                                    : nullptr;
-  if (!src) return false;
-  std::copy(src, src + 3, out);
-  return true;
+  static const struct {
+    SimPattern p;
+    size_t tokens;
+    double ms[3];
+  } kPaper[] = {{SimPattern::RealWorld, 4096, {44.4, 30.7, 27.2}},
+                {SimPattern::RealWorld, 8192, {80.2, 58.4, 50.1}},
+                {SimPattern::RealWorld, 16384, {143.6, 116.1, 86.8}},
+                {SimPattern::RealWorld, 32768, {266.4, 219.6, 164.4}},
+                {SimPattern::SingleNode, 4096, {44.0, 24.7, 12.6}},
+                {SimPattern::SingleNode, 8192, {81.4, 43.8, 22.3}},
+                {SimPattern::SingleNode, 16384, {150.1, 81.8, 41.0}},
+                {SimPattern::Imbalanced, 16384, {339.3, 216.2, 151.3}}};
+  if (nodes != 8 || gpus != 8) return false;
+  for (const auto& e : kPaper) {
+    if (e.p == p && e.tokens == tokens) {
+      std::copy(e.ms, e.ms + 3, out);
+      return true;
+    }
+  }
+  return false;
 }
 
 double mb(uint64_t b) { return static_cast<double>(b) / 1e6; }
@@ -216,6 +236,7 @@ void simulate(const Options& o, SimPattern pat, size_t tokens) {
   rs.seed = o.seed;
   rs.pattern = pat;
   rs.maxNodes = o.maxNodes;
+  rs.imbMaxNodes = o.imbMaxNodes;
   rs.imbRatio = o.imbRatio;
   rs.zipfS = o.zipfS;
   const SimRouter router(rs);
@@ -355,10 +376,10 @@ int run(int argc, char** argv) {
       o.link.nvlinkGBs, o.link.permuteGBs, o.link.stepUs, o.link.sliceKB);
   std::printf(
       "# fixed ms per layer: nccl-like %.1f, deepep-like %.1f, fusco-paper-like %.1f, "
-      "fusco %.1f; fusco GREEDY slack %u/1024; routing: max %d nodes per token, "
-      "imbalanced heavy/light %.1f\n",
+      "fusco %.1f; fusco GREEDY slack %u/1024; routing: real-world max %d nodes per token, "
+      "imbalanced heavy/light %.1f on %s remote nodes\n",
       o.strat[0].fixedMs, o.strat[1].fixedMs, o.strat[2].fixedMs, o.strat[3].fixedMs, o.slack,
-      o.maxNodes, o.imbRatio);
+      o.maxNodes, o.imbRatio, o.imbMaxNodes > 0 ? std::to_string(o.imbMaxNodes).c_str() : "all");
   std::printf(
       "# phase time = busiest link's bytes / its bandwidth per hop; nccl-like: one flat "
       "step + permute passes; deepep-like: hops overlapped + permute passes; "

@@ -129,10 +129,17 @@ void SimRouter::route(int rank, std::vector<int64_t>* topkIdx) const {
         }
         if (chosen.empty()) {
           const int avail = s.nodes - (remoteOnly ? 1 : 0);
-          const int want = std::min(s.maxNodes, avail);
+          const int limit = s.pattern == SimPattern::Imbalanced
+                                ? (s.imbMaxNodes > 0 ? s.imbMaxNodes : avail)
+                                : s.maxNodes;
+          const int want = std::min(limit, avail);
           if (want >= s.nodes) {
             global = true;
             break;
+          }
+          if (want == avail) {  // every remote node: no draw needed
+            for (int n = 0; n < s.nodes; ++n)
+              if (n != myNode) chosen.push_back(n);
           }
           while (static_cast<int>(chosen.size()) < want) {
             const int n = drawNode(&rng, nodeCdf_);

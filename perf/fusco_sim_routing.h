@@ -9,9 +9,11 @@
 //   single-node  each token picks one node uniformly, then all its experts on that node.
 //   imbalanced   on every node the first half of the ranks by local index ("heavy"; the same
 //                local indices, so the same rails, on every node) send ~imbRatio x the cross-node
-//                data of the other half: a heavy rank's token takes its experts on at most
-//                maxNodes remote nodes; a light rank's token does so with probability 1/imbRatio
-//                and otherwise stays on its own node. Hot experts: popularity Zipf(s = 0.7).
+//                data of the other half: a heavy rank's token takes its experts on remote nodes
+//                only (at most imbMaxNodes of them; 0: no limit, the default); a light rank's
+//                token does so with probability 1/imbRatio and otherwise stays on its own node.
+//                Hot experts: popularity Zipf(s = 0.7). No group limit: the pattern is defined
+//                by who sends and which experts are hot, not by DeepSeek's node cap.
 //   zipf         no node limit, popularity Zipf(s = 1.0).
 // A pattern's skew can be overridden (zipfS >= 0). Deterministic in (seed, pattern, rank).
 #pragma once
@@ -39,7 +41,8 @@ struct SimRoutingSpec {
   size_t tokens = 4096;  // per rank
   uint64_t seed = 1;
   SimPattern pattern = SimPattern::RealWorld;
-  int maxNodes = 4;       // real-world / imbalanced: nodes a token's experts may span
+  int maxNodes = 4;       // real-world: nodes a token's experts may span
+  int imbMaxNodes = 0;    // imbalanced: remote nodes a remote token may span (0: every one)
   double imbRatio = 3.0;  // imbalanced: heavy / light cross-node data
   double zipfS = -1;      // < 0: the pattern's default
 };

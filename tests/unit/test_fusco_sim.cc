@@ -123,22 +123,52 @@ TEST(FuscoSim, RoutingPatternsKeepTheirNodePromises) {
   SimRoutingSpec s;  // 8 x 8, 256 experts, top-8: 32 experts per node
   s.tokens = 256;
   for (SimPattern p : {SimPattern::RealWorld, SimPattern::SingleNode, SimPattern::Imbalanced}) {
-    s.pattern = p;
-    const SimRouter router(s);
-    std::vector<int64_t> a, b;
-    router.route(3, &a);
-    router.route(3, &b);
-    EXPECT_EQ(a, b) << simPatternName(p);  // deterministic
-    for (size_t t = 0; t < s.tokens; ++t) {
-      const std::set<int> n = nodesOfToken(a, t, s.topk, 32);
-      const size_t limit = p == SimPattern::SingleNode ? 1 : 4;
-      EXPECT_LE(n.size(), limit) << simPatternName(p) << " token " << t;
-      // Rank 3 is heavy (local index < 4): under imbalanced it never stays on node 0.
-      if (p == SimPattern::Imbalanced) {
-        EXPECT_EQ(n.count(0), 0u) << "token " << t;
+    for (int imbMax : {0, 4}) {
+      if (imbMax && p != SimPattern::Imbalanced) continue;
+      s.pattern = p;
+      s.imbMaxNodes = imbMax;
+      const SimRouter router(s);
+      std::vector<int64_t> a, b;
+      router.route(3, &a);
+      router.route(3, &b);
+      EXPECT_EQ(a, b) << simPatternName(p);  // deterministic
+      size_t widest = 0;
+      for (size_t t = 0; t < s.tokens; ++t) {
+        const std::set<int> n = nodesOfToken(a, t, s.topk, 32);
+        widest = std::max(widest, n.size());
+        const size_t limit = p == SimPattern::SingleNode ? 1
+                             : p == SimPattern::RealWorld ? 4
+                             : imbMax                     ? 4
+                                                          : 7;
+        EXPECT_LE(n.size(), limit) << simPatternName(p) << " token " << t;
+        // Rank 3 is heavy (local index < 4): under imbalanced it never stays on node 0.
+        if (p == SimPattern::Imbalanced) {
+          EXPECT_EQ(n.count(0), 0u) << "token " << t;
+        }
       }
+      // Without a node cap, some of 256 hot-skewed top-8 tokens span more than 4 nodes.
+      if (p == SimPattern::Imbalanced && imbMax == 0) EXPECT_GT(widest, 4u);
     }
   }
+}
+
+// Imbalanced: the heavy half of every node (the same local indices everywhere) sends about
+// imbRatio times the cross-node (token, expert) rows of the light half.
+TEST(FuscoSim, ImbalancedHeavyRanksSendImbRatioTimesTheCrossNodeRows) {
+  SimRoutingSpec s;  // 8 x 8
+  s.tokens = 4096;
+  s.pattern = SimPattern::Imbalanced;
+  const SimRouter router(s);
+  const int perRank = s.numExperts / (s.nodes * s.gpus);
+  double heavy = 0, light = 0;
+  std::vector<int64_t> idx;
+  for (int r = 0; r < s.nodes * s.gpus; ++r) {
+    router.route(r, &idx);
+    size_t remote = 0;
+    for (int64_t e : idx) remote += static_cast<int>(e) / perRank / s.gpus != r / s.gpus;
+    (r % s.gpus < s.gpus / 2 ? heavy : light) += static_cast<double>(remote);
+  }
+  EXPECT_NEAR(heavy / light, s.imbRatio, 0.1 * s.imbRatio);
 }
 
 }  // namespace
