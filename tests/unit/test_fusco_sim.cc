@@ -147,7 +147,9 @@ TEST(FuscoSim, RoutingPatternsKeepTheirNodePromises) {
         }
       }
       // Without a node cap, some of 256 hot-skewed top-8 tokens span more than 4 nodes.
-      if (p == SimPattern::Imbalanced && imbMax == 0) EXPECT_GT(widest, 4u);
+      if (p == SimPattern::Imbalanced && imbMax == 0) {
+        EXPECT_GT(widest, 4u);
+      }
     }
   }
 }
