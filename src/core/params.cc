@@ -120,6 +120,13 @@ void paramSetOverride(const char* name, const std::string& value) {
   loadLocked(r);
 }
 
+void paramClearOverride(const char* name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  r.overrides.erase(name);
+  loadLocked(r);
+}
+
 std::vector<ParamInfo> paramList() {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);

@@ -26,6 +26,8 @@ std::string paramString(const char* name);
 void paramsReload();
 // Sets a value for this process, winning over the environment (tests and tools).
 void paramSetOverride(const char* name, const std::string& value);
+// Drops that value again: the parameter reads the environment or its default.
+void paramClearOverride(const char* name);
 // Every declared parameter with its current value and where it came from.
 std::vector<ParamInfo> paramList();
 

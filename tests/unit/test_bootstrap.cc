@@ -144,7 +144,7 @@ void sendStr(int fd, const std::string& s) {
 // Redirects the library log to a file for the lifetime of the object.
 class LogCapture {
  public:
-  LogCapture() : previous_(fusco::paramString("FUSCO_DEBUG_FILE")) {
+  LogCapture() {
     char tmpl[] = "/tmp/fusco_boot_log_XXXXXX";
     int fd = mkstemp(tmpl);
     if (fd >= 0) close(fd);
@@ -153,7 +153,7 @@ class LogCapture {
     fusco::logConfigure();
   }
   ~LogCapture() {
-    fusco::paramSetOverride("FUSCO_DEBUG_FILE", previous_);
+    fusco::paramClearOverride("FUSCO_DEBUG_FILE");
     fusco::logConfigure();
     unlink(path_.c_str());
   }
@@ -165,7 +165,6 @@ class LogCapture {
   }
 
  private:
-  std::string previous_;
   std::string path_;
 };
 
@@ -434,14 +433,13 @@ TEST(Socket, IfnameFilterFollowsNcclSemantics) {
 TEST(Socket, IfnameSelectsTheNamedInterfaceOrFailsClearly) {
   fusco::SockAddr a;
   std::string name;
-  std::string previous = fusco::paramString("FUSCO_SOCKET_IFNAME");
   fusco::paramSetOverride("FUSCO_SOCKET_IFNAME", "=lo");
   EXPECT_EQ(fusco::socketFindInterface(&a, &name), fuscoSuccess);
   EXPECT_EQ(name, "lo");
   fusco::paramSetOverride("FUSCO_SOCKET_IFNAME", "nosuchif");
   EXPECT_EQ(fusco::socketFindInterface(&a, &name), fuscoInvalidUsage);
   EXPECT_NE(fusco::threadLastError().find("nosuchif"), std::string::npos);
-  fusco::paramSetOverride("FUSCO_SOCKET_IFNAME", previous);
+  fusco::paramClearOverride("FUSCO_SOCKET_IFNAME");
   EXPECT_EQ(fusco::socketFindInterface(&a, &name), fuscoSuccess);
 }
 

@@ -53,6 +53,20 @@ TEST_F(Params, DefaultsApplyWithoutEnvironment) {
   }
 }
 
+TEST_F(Params, AClearedOverrideReadsTheEnvironmentOrDefaultAgain) {
+  fusco::paramSetOverride("FUSCO_TIMEOUT_MS", "77");
+  EXPECT_EQ(fusco::paramInt("FUSCO_TIMEOUT_MS"), 77);
+  EXPECT_EQ(find(fusco::paramList(), "FUSCO_TIMEOUT_MS")->source, "override");
+  fusco::paramClearOverride("FUSCO_TIMEOUT_MS");
+  EXPECT_EQ(fusco::paramInt("FUSCO_TIMEOUT_MS"), 300000);
+  EXPECT_EQ(find(fusco::paramList(), "FUSCO_TIMEOUT_MS")->source, "default");
+  setenv("FUSCO_TIMEOUT_MS", "88", 1);
+  fusco::paramSetOverride("FUSCO_TIMEOUT_MS", "77");
+  fusco::paramClearOverride("FUSCO_TIMEOUT_MS");
+  EXPECT_EQ(fusco::paramInt("FUSCO_TIMEOUT_MS"), 88);
+  EXPECT_EQ(find(fusco::paramList(), "FUSCO_TIMEOUT_MS")->source, "env");
+}
+
 TEST_F(Params, EnvironmentWinsAfterReload) {
   setenv("FUSCO_TIMEOUT_MS", "1234", 1);
   setenv("FUSCO_DEBUG", "INFO", 1);

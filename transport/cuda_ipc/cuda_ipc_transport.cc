@@ -173,8 +173,13 @@ fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned, int
     return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: more than %u regions exported by one communicator", kMaxRegions);
   cudaIpcMemHandle_t h;
   FUSCO_CUDACHECK(cudaIpcGetMemHandle(&h, base), kIpc);
-  uint32_t slot = c->nextSlot++;
-  c->regions[reinterpret_cast<uintptr_t>(base)] = Region{slot, bytes, owned, registrations};
+  const uint32_t slot = c->nextSlot;
+  try {  // the caller still owns base on failure (ipcMemAlloc frees it)
+    c->regions[reinterpret_cast<uintptr_t>(base)] = Region{slot, bytes, owned, registrations};
+  } catch (const std::bad_alloc&) {
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: out of host memory exporting %zu bytes", bytes);
+  }
+  ++c->nextSlot;
   DirEntry& e = c->own.dir()[slot];  // published last: peers never see a slot this rank lost
   e.handle = h;
   e.bytes = bytes;
