@@ -107,7 +107,9 @@ struct TransportOps {
   // Whether a message posted to peer is still leaving this rank (its send has not completed
   // locally: a rendezvous the peer has not fetched yet). The engine ends an operation only once
   // this is false for every peer, so no peer's bytes wait on this rank stepping the transport
-  // after the call returned. nullptr: every post completes at once (shared memory).
+  // after the call returned; true as well once a send to peer failed, so the engine keeps the pair
+  // pending and reports checkPeer's error instead of success. nullptr: every post completes at
+  // once (shared memory).
   bool (*sendsInFlight)(TransportComm* tc, int peer);
 };
 

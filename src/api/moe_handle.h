@@ -62,15 +62,6 @@ struct fuscoMoeHandle {
 
 namespace fusco {
 
-// The communicator scratch slots of the MoE calls (Communicator::scratch; one buffer per slot per
-// comm, kept across calls).
-enum MoeScratch : int {
-  kLandingScratch = 1,     // host combine: partial rows landing at the source
-  kStagingScratch = 2,     // host NODE dispatch: rows a forwarder or relay passes on
-  kExpertCopyScratch = 3,  // CUDA combine: a mappable copy of an unregistered expertOut
-  kBasesScratch = 4,       // CUDA combine: the ranks' mapped expertOut bases for the sum kernel
-};
-
 // One collective engine operation of a MoE call: work[p] is what this rank sends to and receives
 // from rank p. A rank whose own arguments failed (`a`) still takes part so nobody waits for it.
 // agreed: every rank already validated this call in an earlier operation (no verdict round).

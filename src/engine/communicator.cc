@@ -24,15 +24,21 @@ constexpr int kMaxDepth = 64;
 
 // Every rank's outcome of one setup step (failure "": success), in one allGather. *failed: the
 // lowest rank that failed (-1: none), *why: its message.
-fuscoResult_t agreeOnOutcome(Bootstrap& b, int nranks, const std::string& failure, int* failed, std::string* why) {
+// The first rank whose gathered record does not start with the success byte '\1' (-1: none) and
+// what it said after its failure byte.
+int firstFailure(const std::vector<std::string>& all, std::string* why) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty() && all[r][0] == '\1') continue;
+    *why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
+    return static_cast<int>(r);
+  }
+  return -1;
+}
+
+fuscoResult_t agreeOnOutcome(Bootstrap& b, const std::string& failure, int* failed, std::string* why) {
   std::vector<std::string> all;
   FUSCO_CHECK(b.allGather(failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure, &all));
-  *failed = -1;
-  for (int r = 0; r < nranks && *failed < 0; ++r) {
-    if (!all[r].empty() && all[r][0] == '\1') continue;
-    *failed = r;
-    *why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
-  }
+  *failed = firstFailure(all, why);
   return fuscoSuccess;
 }
 
@@ -161,13 +167,10 @@ fuscoResult_t Communicator::connectTransports() {
   if (!failure.empty()) mine = std::string(1, '\0') + failure;
   std::vector<std::string> all;
   FUSCO_CHECK(bootstrap_->allGather(mine, &all));
-  for (int r = 0; r < nranks_; ++r) {
-    if (all[r].empty() || all[r][0] != '\1') {
-      std::string why = all[r].size() > 1 ? all[r].substr(1) : "unknown";
-      if (r == rank_) return FUSCO_FAIL(fuscoInvalidUsage, kInit, "%s", why.c_str());
-      return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r,
-                        why.c_str());
-    }
+  std::string why;
+  if (const int r = firstFailure(all, &why); r >= 0) {
+    if (r == rank_) return FUSCO_FAIL(fuscoInvalidUsage, kInit, "%s", why.c_str());
+    return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r, why.c_str());
   }
   for (size_t t = 0; t < list.size(); ++t) {
     if (tcs[t] == nullptr) continue;
@@ -186,8 +189,7 @@ fuscoResult_t Communicator::connectTransports() {
   }
   // Second agreement: nobody starts an operation unless everybody connected.
   int failed = -1;
-  std::string why;
-  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, nranks_, failure, &failed, &why));
+  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, failure, &failed, &why));
   if (failed >= 0)
     return FUSCO_FAIL(failed == rank_ ? fuscoSystemError : fuscoRemoteError, kInit, "rank %d could not connect: %s",
                       failed, why.c_str());
@@ -216,7 +218,7 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
   const std::string failure = status == fuscoSuccess ? "" : error.empty() ? "unknown" : error;
   int failed = -1;
   std::string why;
-  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, nranks_, failure, &failed, &why));
+  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, failure, &failed, &why));
   if (status != fuscoSuccess) return FUSCO_FAIL(status, kInit, "%s", error.c_str());
   if (failed >= 0)
     return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed, why.c_str());

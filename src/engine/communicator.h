@@ -34,6 +34,16 @@ struct PeerConn {
   TransportComm* tc = nullptr;
 };
 
+// The communicator's scratch slots (Communicator::scratch), one per use, so no two uses that can
+// be in flight together share a buffer.
+enum ScratchSlot : int {
+  kDeviceStagingScratch = 0,  // engine, GPU path: receives staged because their buffer is not mappable
+  kLandingScratch = 1,        // host MoE combine: partial rows landing at the source
+  kStagingScratch = 2,        // host MoE NODE dispatch: rows a forwarder or relay passes on
+  kExpertCopyScratch = 3,     // CUDA MoE combine: a mappable copy of an unregistered expertOut
+  kBasesScratch = 4,          // CUDA MoE combine: the ranks' mapped expertOut bases for the sum kernel
+};
+
 class Communicator {
  public:
   static fuscoResult_t create(const fuscoUniqueId& id, int nranks, int rank,
@@ -58,7 +68,7 @@ class Communicator {
   // Token naming [ptr, ptr+bytes) to peers of `peer`'s transport, if it is peer-reachable.
   bool regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const;
   // Grow-only scratch memory of this communicator, from memAlloc so peers can write it directly;
-  // kept across calls so no operation pays for fresh pages. One buffer per slot.
+  // kept across calls so no operation pays for fresh pages. One buffer per slot (ScratchSlot).
   fuscoResult_t scratch(int slot, size_t bytes, char** ptr);
   // Steps every transport that moves posted messages in the background (TransportOps::progress).
   void progressTransports() {

@@ -194,8 +194,7 @@ void OpRunner::buildHeaders() {
   // short header saying so, decided before any header leaves.
   for (int p = 0; p < n_; ++p) {
     const PairHeader& h = mine_[p];
-    size_t need = 64 + 8 * (3 * h.sendBytes.size() + 3 * h.recvBytes.size());
-    if (!involved_[p] || need <= c_.chunkBytes()) continue;
+    if (!involved_[p] || encodedHeaderBytes(h) <= c_.chunkBytes()) continue;
     if (op_.argStatus == fuscoSuccess) {
       op_.argStatus = fuscoInvalidArgument;
       op_.argError = std::string(op_.name) + ": too many messages to rank " + std::to_string(p) +

@@ -11,7 +11,6 @@ namespace fusco {
 
 namespace {
 
-constexpr int kStagingScratch = 100;       // the comm's scratch slot for staged receives
 constexpr size_t kStagingAlign = 256;
 
 bool flat(const RowStream& s) { return s.rows == nullptr && s.fanStart == nullptr; }
@@ -67,7 +66,7 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
     }
   }
   if (staged == 0) return fuscoSuccess;
-  FUSCO_CHECK(c.scratch(kStagingScratch, staged, &offers->staging));
+  FUSCO_CHECK(c.scratch(kDeviceStagingScratch, staged, &offers->staging));
   for (int p = 0; p < n; ++p) {
     for (size_t m = 0; m < offers->stagedAt[p].size(); ++m) {
       const int64_t at = offers->stagedAt[p][m];
@@ -136,7 +135,9 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
   PairFlags f;
   FUSCO_CHECK(f.init(c, mine, moves));
   std::vector<const char*> bases(n, nullptr);
-  for (int p = 0; p < n; ++p) {
+  // A failure here still walks every flag round (without reading), so no peer waits on this rank.
+  fuscoResult_t r = fuscoSuccess;
+  for (int p = 0; p < n && r == fuscoSuccess; ++p) {
     if (!moves[p]) continue;  // one message per pair and one offer per message: checked before the verdict
     if (p == me) {
       if (!op.peers[me].sends.empty()) bases[me] = op.peers[me].sends[0].base;
@@ -149,14 +150,17 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
                      ? nullptr
                      : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
     if (base == nullptr)
-      return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered", op.name, p);
+      r = FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered", op.name, p);
     bases[p] = static_cast<const char*>(base);
   }
   FUSCO_CHECK(f.post(s, 1, false));  // "ready" to every reader
   FUSCO_CHECK(f.await(c, s, 1, true, "its buffer to be ready"));
-  FUSCO_CHECK(op.pullRun(bases, s));
+  if (r == fuscoSuccess) r = op.pullRun(bases, s);
+  const std::string why = r == fuscoSuccess ? std::string() : threadLastError();
   FUSCO_CHECK(f.post(s, 0, true));  // "done reading" to every owner
-  return f.await(c, s, 0, false, "it to finish reading");
+  FUSCO_CHECK(f.await(c, s, 0, false, "it to finish reading"));
+  if (r != fuscoSuccess) return FUSCO_FAIL(r, kEngine, "%s", why.c_str());
+  return fuscoSuccess;
 }
 
 }  // namespace

@@ -64,6 +64,15 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   return w.ok;
 }
 
+size_t encodedHeaderBytes(const PairHeader& h) {
+  const size_t fixed = sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.seq) + sizeof(h.status);
+  size_t bytes = fixed;
+  for (const std::vector<uint64_t>* v :
+       {&h.sendBytes, &h.recvBytes, &h.recvTokens, &h.recvExtents, &h.sendTokens, &h.sendExtents})
+    bytes += sizeof(uint32_t) + v->size() * sizeof(uint64_t);
+  return bytes;
+}
+
 bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   Reader r{static_cast<const char*>(buf), len};
   if (r.pod<uint32_t>() != kHeaderMagic || !r.ok) return false;

@@ -37,6 +37,8 @@ struct Verdict {
 
 // Encoded size must fit in one slot; encode fails (returns false) when it does not.
 bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len);
+// The bytes encodeHeader writes for h (what a slot must hold).
+size_t encodedHeaderBytes(const PairHeader& h);
 bool decodeHeader(const void* buf, size_t len, PairHeader* h);
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len);
 bool decodeVerdict(const void* buf, size_t len, Verdict* v);

@@ -105,11 +105,10 @@ void clearRoutes(const NodeMap& nodes, BalancePlan* out) {
 void planStatic(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo, const FlowTotals& t,
                 BalancePlan* out) {
   const int nn = nodes.numNodes;
-  out->routes.resize(rowsTo.size());
+  clearRoutes(nodes, out);
   for (int s = 0; s < nodes.nranks; ++s)
     for (int n = 0; n < nn; ++n) {
       const size_t f = static_cast<size_t>(s) * nn + n;
-      out->routes[f].clear();  // keeps capacity
       if (n == nodes.nodeOf[s] || rowsTo[f] == 0) continue;
       out->routes[f].push_back({s, staticForwarder(nodes, s, n), rowsTo[f]});
     }

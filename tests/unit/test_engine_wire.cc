@@ -46,6 +46,10 @@ TEST(EngineWire, HeaderRoundTripsWithoutAndWithPullOffers) {
     PairHeader back;
     ASSERT_TRUE(decodeHeader(buf.data(), len, &back)) << "pull " << pull;
     expectSame(h, back);
+    // The size the engine checks against a slot is exactly what the encoder writes.
+    EXPECT_EQ(encodedHeaderBytes(h), len) << "pull " << pull;
+    EXPECT_TRUE(encodeHeader(h, buf.data(), len, &len));
+    EXPECT_FALSE(encodeHeader(h, buf.data(), len - 1, &len));
   }
 }
 

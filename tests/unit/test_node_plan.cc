@@ -90,21 +90,32 @@ World makeWorld(int nranks, int localSize, int topk, uint64_t seed, bool skewed,
   return w;
 }
 
+// The forward metadata forwarder f receives: what every source of another node sent it.
+std::vector<std::vector<int32_t>> forwardMetaTo(const World& w, int f) {
+  std::vector<std::vector<int32_t>> metaFrom(w.nodes.nranks);
+  for (int s = 0; s < w.nodes.nranks; ++s)
+    if (!w.nodes.sameNode(s, f)) metaFrom[s] = w.nodeSend[s].fwdMeta[f];
+  return metaFrom;
+}
+
+// The blocks each forwarder g of l's node sends l (blocks[g]), planned from what g received.
+std::vector<std::vector<int32_t>> blocksTo(const World& w, int l) {
+  std::vector<std::vector<int32_t>> blocks(w.nodes.nranks);
+  std::vector<NodeFwdSeg> fwd;
+  for (int g = 0; g < w.nodes.nranks; ++g) {
+    if (!w.nodes.sameNode(g, l)) continue;
+    EXPECT_EQ(planNodeForward(w.shape, w.nodes, g, w.segs, forwardMetaTo(w, g), &fwd), fuscoSuccess)
+        << "forwarder " << g << ": " << threadLastError();
+    nodeBlocksFor(fwd, w.segs, w.nodes.localRankOf[l], &blocks[g]);
+  }
+  return blocks;
+}
+
 // Runs steps 3 and 4 for every rank (failures recorded).
 void checkEveryRankGetsRankMetadata(const World& w) {
   const int n = w.nodes.nranks;
-  std::vector<std::vector<NodeFwdSeg>> fwd(n);
-  for (int f = 0; f < n; ++f) {
-    std::vector<std::vector<int32_t>> metaFrom(n);
-    for (int s = 0; s < n; ++s)
-      if (!w.nodes.sameNode(s, f)) metaFrom[s] = w.nodeSend[s].fwdMeta[f];
-    ASSERT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, metaFrom, &fwd[f]), fuscoSuccess)
-        << threadLastError();
-  }
   for (int l = 0; l < n; ++l) {
-    std::vector<std::vector<int32_t>> blocks(n), metaFrom(n);
-    for (int f = 0; f < n; ++f)
-      if (w.nodes.sameNode(f, l)) nodeBlocksFor(fwd[f], w.segs, w.nodes.localRankOf[l], &blocks[f]);
+    std::vector<std::vector<int32_t>> blocks = blocksTo(w, l), metaFrom(n);
     std::vector<std::vector<NodeInSeg>> inFrom;
     ASSERT_EQ(planNodeReceive(w.nodes, l, w.segs, blocks, &metaFrom, &inFrom), fuscoSuccess)
         << threadLastError();
@@ -173,9 +184,7 @@ TEST(NodePlan, MalformedForwardMetadataOrBlocksAreRemoteErrors) {
   World w = makeWorld(4, 2, 3, 5, false, Balance::Static);
   const int f = w.segs.empty() ? 0 : w.segs[0].forwarder, s = w.segs.empty() ? 0 : w.segs[0].src;
   ASSERT_FALSE(w.segs.empty());
-  std::vector<std::vector<int32_t>> metaFrom(4);
-  for (int p = 0; p < 4; ++p)
-    if (!w.nodes.sameNode(p, f)) metaFrom[p] = w.nodeSend[p].fwdMeta[f];
+  const std::vector<std::vector<int32_t>> metaFrom = forwardMetaTo(w, f);
   std::vector<NodeFwdSeg> fwd;
   auto truncated = metaFrom;
   truncated[s].pop_back();
@@ -189,16 +198,8 @@ TEST(NodePlan, MalformedForwardMetadataOrBlocksAreRemoteErrors) {
   badRank[s][1] = 7;  // local rank index of the first row's first destination
   EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, badRank, &fwd), fuscoRemoteError);
   // Every forwarder of f's node, as f receives their blocks: fine as sent, an error once changed.
-  std::vector<std::vector<int32_t>> blocks(4), out(4);
+  std::vector<std::vector<int32_t>> blocks = blocksTo(w, f), out(4);
   std::vector<std::vector<NodeInSeg>> inFrom;
-  for (int g = 0; g < 4; ++g) {
-    if (!w.nodes.sameNode(g, f)) continue;
-    std::vector<std::vector<int32_t>> from(4);
-    for (int p = 0; p < 4; ++p)
-      if (!w.nodes.sameNode(p, g)) from[p] = w.nodeSend[p].fwdMeta[g];
-    ASSERT_EQ(planNodeForward(w.shape, w.nodes, g, w.segs, from, &fwd), fuscoSuccess);
-    nodeBlocksFor(fwd, w.segs, w.nodes.localRankOf[f], &blocks[g]);
-  }
   EXPECT_EQ(planNodeReceive(w.nodes, f, w.segs, blocks, &out, &inFrom), fuscoSuccess)
       << threadLastError();
   out.assign(4, {});
@@ -212,19 +213,11 @@ TEST(NodePlan, BlockRowCountThatDisagreesWithItsMetadataIsARemoteError) {
   World w = makeWorld(4, 2, 3, 5, false, Balance::Static);
   ASSERT_FALSE(w.segs.empty());
   const int f = w.segs[0].forwarder;
-  std::vector<std::vector<int32_t>> blocks(4), out(4);
+  std::vector<std::vector<int32_t>> blocks = blocksTo(w, f), out(4);
   std::vector<std::vector<NodeInSeg>> inFrom;
-  std::vector<NodeFwdSeg> fwd;
   int sender = -1;
-  for (int g = 0; g < 4; ++g) {
-    if (!w.nodes.sameNode(g, f)) continue;
-    std::vector<std::vector<int32_t>> from(4);
-    for (int p = 0; p < 4; ++p)
-      if (!w.nodes.sameNode(p, g)) from[p] = w.nodeSend[p].fwdMeta[g];
-    ASSERT_EQ(planNodeForward(w.shape, w.nodes, g, w.segs, from, &fwd), fuscoSuccess);
-    nodeBlocksFor(fwd, w.segs, w.nodes.localRankOf[f], &blocks[g]);
-    if (sender < 0 && !blocks[g].empty()) sender = g;
-  }
+  for (int g = 0; g < 4 && sender < 0; ++g)
+    if (!blocks[g].empty()) sender = g;
   ASSERT_GE(sender, 0);
   ASSERT_EQ(planNodeReceive(w.nodes, f, w.segs, blocks, &out, &inFrom), fuscoSuccess)
       << threadLastError();

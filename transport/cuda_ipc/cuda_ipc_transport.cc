@@ -387,7 +387,13 @@ void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) 
       FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer, cudaGetErrorString(err));
       return nullptr;
     }
-    it = p.opened.emplace(slot, m).first;
+    try {
+      it = p.opened.emplace(slot, m).first;
+    } catch (const std::bad_alloc&) {  // out of host memory: close the mapping again
+      cudaIpcCloseMemHandle(m);
+      FUSCO_WARN(kIpc, "cuda_ipc: out of host memory opening region %u of rank %d", slot, peer);
+      return nullptr;
+    }
   }
   return static_cast<char*>(it->second) + off;
 }

@@ -115,7 +115,6 @@ struct UcxComm {
 inline UcxComm* asUcx(TransportComm* tc) { return reinterpret_cast<UcxComm*>(tc); }
 
 // ucx_rail.cc: contexts, workers, endpoints, blobs, teardown.
-std::vector<std::string> parseDevices(const std::string& list);
 fuscoResult_t openRail(UcxComm* c, const std::string& device, UcxRail* rail);
 std::string encodeBlob(const UcxComm* c);
 // Parses a peer's blob into its worker addresses (one per rail).
@@ -125,8 +124,8 @@ fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr
 // Polls a request: true when it is done (then freed, *st its status); false while in flight.
 bool requestDone(void* req, ucs_status_t* st);
 // Polls the send request *req to peer (nullptr: none): false while it runs; once done, clears
-// *req, marks the peer failed if the send failed, and returns true.
-bool reapSend(UcxComm* c, int peer, void** req);
+// *req, marks the peer failed if the send failed (and then sets *failed), and returns true.
+bool reapSend(UcxComm* c, int peer, void** req, bool* failed = nullptr);
 // Closes endpoints (bounded flush), frees requests, destroys workers and contexts.
 void teardown(UcxComm* c);
 

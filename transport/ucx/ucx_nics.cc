@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "core/log.h"
-#include "transport/ucx/ucx_comm.h"
 
 #ifdef FUSCO_HAVE_IBVERBS
 #include <infiniband/verbs.h>
@@ -291,6 +290,20 @@ std::string joinDevices(const std::vector<std::string>& devices) {
   std::string s;
   for (const std::string& d : devices) s += (s.empty() ? "" : ",") + (d.empty() ? "auto" : d);
   return s;
+}
+
+std::vector<std::string> parseDevices(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string d = list.substr(pos, end - pos);
+    size_t b = d.find_first_not_of(" \t"), e = d.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(d.substr(b, e - b + 1));
+    pos = end + 1;
+  }
+  return out;
 }
 
 }  // namespace fusco::ucx

@@ -70,20 +70,6 @@ std::vector<void*> waitRequests(UcxComm* c, std::vector<void*> reqs, const Deadl
 
 }  // namespace
 
-std::vector<std::string> parseDevices(const std::string& list) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t end = list.find(',', pos);
-    if (end == std::string::npos) end = list.size();
-    std::string d = list.substr(pos, end - pos);
-    size_t b = d.find_first_not_of(" \t"), e = d.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(d.substr(b, e - b + 1));
-    pos = end + 1;
-  }
-  return out;
-}
-
 bool requestDone(void* req, ucs_status_t* st) {
   *st = ucp_request_check_status(req);
   if (*st == UCS_INPROGRESS) return false;
@@ -91,12 +77,15 @@ bool requestDone(void* req, ucs_status_t* st) {
   return true;
 }
 
-bool reapSend(UcxComm* c, int peer, void** req) {
+bool reapSend(UcxComm* c, int peer, void** req, bool* failed) {
   if (*req == nullptr) return true;
   ucs_status_t st;
   if (!requestDone(*req, &st)) return false;
   *req = nullptr;
-  if (st != UCS_OK) markFailed(c, peer, st);
+  if (st != UCS_OK) {
+    markFailed(c, peer, st);
+    if (failed != nullptr) *failed = true;
+  }
   return true;
 }
 

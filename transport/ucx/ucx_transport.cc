@@ -312,13 +312,15 @@ void ucxProgress(TransportComm* tc) {
 bool ucxSendsInFlight(TransportComm* tc, int peer) {
   UcxComm* c = asUcx(tc);
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) return false;
+  // No progress here: the engine steps the transports whenever a wait makes none.
   std::lock_guard<std::mutex> lock(c->mu);
-  ucx::progressAll(c);
-  UcxPeer& p = c->peers[peer];
-  if (p.failed || p.aborted) return false;  // checkPeer reports it
-  for (void*& q : p.sendReq)
-    if (!ucx::reapSend(c, peer, &q)) return true;
-  return false;  // a failed send marked the peer failed: checkPeer reports it
+  // A send that has not completed, or one that completed with an error, keeps the pair pending:
+  // the engine's liveness check then returns checkPeer's error instead of success. Sends that
+  // completed cleanly count as delivered even if the peer failed (exited) afterwards.
+  bool failed = false;
+  for (void*& q : c->peers[peer].sendReq)
+    if (!ucx::reapSend(c, peer, &q, &failed)) return true;
+  return failed;
 }
 
 void ucxClose(TransportComm* tc) {
