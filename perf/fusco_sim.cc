@@ -1,8 +1,9 @@
 // perf/fusco_sim: a cluster-scale simulator that runs the REAL planner and balancer (src/plan) for
 // every rank of a simulated N nodes x G GPUs cluster, counts the bytes on every link per strategy
 // (fusco_sim_model.h) and turns them into predicted dispatch + combine times with a link model;
-// prints them next to the FUSCO paper's published EP64 figures, then times the planner and the
-// balancer at EP 64 / 256 / 1024. Every number of the model is a flag (--help).
+// prints them next to the FUSCO paper's published EP64 figures, then times one rank's whole host
+// planning per layer (fusco_sim_timing.h) at EP 64 / 256 / 1024. Every number of the model is a
+// flag (--help).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +14,7 @@
 
 #include "fusco_sim_model.h"
 #include "fusco_sim_routing.h"
+#include "fusco_sim_timing.h"
 #include "plan/node_plan.h"
 
 namespace fusco {
@@ -289,74 +291,27 @@ void simulate(const Options& o, SimPattern pat, size_t tokens) {
               total[0] / total[3]);
 }
 
-double medianMs(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Planner (planSend RANK + nodeTokensOf + planNodeSend for one rank) and balancer (planBalance
-// GREEDY with relays, and the paper's) per layer at EP = ep, 8 GPUs per node, real-world routing.
+// The host planning of one rank per layer at EP = ep, 8 GPUs per node, real-world routing.
 void timePlanner(const Options& o, int ep) {
   const int gpus = std::min(o.gpus, ep);
-  const int nodesN = ep / gpus;
-  const int experts = o.experts % ep == 0 ? o.experts : (o.experts / ep + 1) * ep;
-  const NodeMap nodes = makeNodes(nodesN, gpus);
-  MoeShape shape;
-  buildMoeShape(ep, experts, nullptr, 1, &shape);
-  SimRoutingSpec rs;
-  rs.nodes = nodesN;
-  rs.gpus = gpus;
-  rs.numExperts = experts;
-  rs.topk = o.topk;
-  rs.tokens = o.timeTokens;
-  rs.seed = o.seed;
-  rs.maxNodes = o.maxNodes;
-  const SimRouter router(rs);
-  // Counts of every rank (what the all-gather delivers), then the plan of rank 0.
-  std::vector<uint64_t> rowsTo(static_cast<size_t>(ep) * nodesN, 0);
-  std::vector<int64_t> idx;
-  std::vector<std::vector<int64_t>> nt;
-  for (int s = 0; s < ep; ++s) {
-    router.route(s, &idx);
-    nodeTokensOf(shape, nodes, idx.data(), o.timeTokens, o.topk, &nt);
-    for (int n = 0; n < nodesN; ++n)
-      if (n != nodes.nodeOf[s]) rowsTo[static_cast<size_t>(s) * nodesN + n] = nt[n].size();
-  }
-  router.route(0, &idx);
-  MoeSendPlan plan;
-  NodeSendPlan nsp;
-  BalancePlan bp, pp;
-  std::vector<NodeSegment> segs;
-  std::vector<double> tSend, tSegs, tNode, tBal, tPaper;
-  using clk = std::chrono::steady_clock;
-  auto ms = [](clk::time_point a, clk::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-  };
-  for (int rep = 0; rep < std::max(1, o.timeReps); ++rep) {
-    const auto a = clk::now();
-    planSendInto(shape, 0, idx.data(), o.timeTokens, o.topk, Dedup::Rank, &plan);
-    const auto b = clk::now();
-    planBalance(Balance::Greedy, nodes, rowsTo, true, &bp, o.slack);
-    const auto c = clk::now();
-    nodeSegmentsInto(nodes, bp, &segs);
-    const auto c2 = clk::now();
-    nodeTokensOf(nodes, plan, &nsp.nodeTokens);
-    planNodeSend(nodes, 0, plan, segs, &nsp);
-    const auto d = clk::now();
-    paperBalance(nodes, rowsTo, &pp);
-    const auto e = clk::now();
-    tSend.push_back(ms(a, b));
-    tBal.push_back(ms(b, c));
-    tSegs.push_back(ms(c, c2));
-    tNode.push_back(ms(c2, d));
-    tPaper.push_back(ms(d, e));
-  }
+  PlanTimingSpec spec;
+  spec.routing.nodes = ep / gpus;
+  spec.routing.gpus = gpus;
+  spec.routing.numExperts = o.experts % ep == 0 ? o.experts : (o.experts / ep + 1) * ep;
+  spec.routing.topk = o.topk;
+  spec.routing.tokens = o.timeTokens;
+  spec.routing.seed = o.seed;
+  spec.routing.maxNodes = o.maxNodes;
+  spec.slack = o.slack;
+  spec.reps = o.timeReps;
+  const PlanTiming t = timePlanLayer(spec);
   std::printf(
-      "EP %4d (%3d x %d, %4d experts, %zu tokens/GPU): planSend(RANK) %7.3f ms, "
-      "nodeTokensOf+planNodeSend %7.3f ms, nodeSegments %7.3f ms, planBalance(GREEDY) "
-      "%7.3f ms, paperBalance %7.3f ms\n#   %s\n",
-      ep, nodesN, gpus, experts, o.timeTokens, medianMs(tSend), medianMs(tNode), medianMs(tSegs),
-      medianMs(tBal), medianMs(tPaper), describeBalance(Balance::Greedy, bp).c_str());
+      "EP %4d (%3d x %d, %4d experts, %zu tokens/GPU): total %7.3f ms = validate %.3f + "
+      "planSend %.3f + balance %.3f + planNodeSend %.3f + forward %.3f + receive %.3f "
+      "(paperBalance %.3f)\n#   forwards %zu rows, receives %zu rows; %s\n",
+      ep, spec.routing.nodes, gpus, spec.routing.numExperts, o.timeTokens, t.total(), t.validate,
+      t.send, t.balance, t.nodeSend, t.forward, t.receive, t.paper, t.forwardedRows,
+      t.receivedRows, t.balanceLine.c_str());
 }
 
 int run(int argc, char** argv) {
@@ -388,7 +343,11 @@ int run(int argc, char** argv) {
       "line-rate bound\n");
   for (SimPattern p : o.patterns)
     for (size_t t : o.tokens) simulate(o, p, t);
-  std::printf("\n## planner and balancer time per layer (host, median of %d)\n", o.timeReps);
+  std::printf(
+      "\n## host planning per layer, rank 0 under NODE dedup (ms, median of %d): validate "
+      "(validateTopk), planSend (RANK rows), balance (GREEDY + segments), planNodeSend (forward "
+      "metadata), forward (planNodeForward + blocks), receive (planNodeReceive + planRecv)\n",
+      o.timeReps);
   for (int ep : o.timeEps)
     if (ep > 0) timePlanner(o, ep);
   return 0;

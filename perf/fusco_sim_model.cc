@@ -98,19 +98,17 @@ void accountNodeSegments(const NodeMap& nodes, int s, const std::vector<NodeSegm
     }
     lb->nicSend[g.relay] += bytes;
     lb->nicRecv[g.forwarder] += bytes;
+    // The forward metadata (node_plan.h): per local rank, [c, c rows, w, w words].
     const auto& meta = nsp.fwdMeta[g.forwarder];
     const auto& local = nodes.ranksOfNode[g.node];
     size_t& at = cursor[g.forwarder];
-    for (uint64_t row = 0; row < g.rows && at < meta.size(); ++row) {
-      const int32_t d = meta[at++];
-      for (int32_t j = 0; j < d && at + 1 < meta.size(); ++j) {
-        const int target = local[meta[at]];
-        const int32_t m = meta[at + 1];
-        at += 2 + static_cast<size_t>(m);
-        if (target == g.forwarder) continue;  // the forwarder's own rows: a local write
-        lb->nvSend[g.forwarder] += B;
-        lb->nvRecv[target] += B;
-      }
+    for (size_t lr = 0; lr < local.size() && at < meta.size(); ++lr) {
+      const uint64_t c = static_cast<uint64_t>(meta[at]);
+      at += 1 + c;
+      if (at < meta.size()) at += 1 + static_cast<size_t>(meta[at]);
+      if (local[lr] == g.forwarder) continue;  // the forwarder's own rows: a local write
+      lb->nvSend[g.forwarder] += c * B;
+      lb->nvRecv[local[lr]] += c * B;
     }
   }
 }

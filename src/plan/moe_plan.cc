@@ -106,8 +106,19 @@ fuscoResult_t scanMeta(int rank, int s, const std::vector<int32_t>& meta, int nu
                        uint64_t* stampNext, size_t* rowsOut, size_t* slotsOut) {
   size_t rows = 0, slots = 0;
   size_t i = 0;
-  while (i < meta.size()) {
-    const int32_t m = meta[i];
+  const int32_t* w = meta.data();
+  const size_t size = meta.size();
+  int64_t* count = perExpert->data();
+  while (i < size) {
+    const int32_t m = w[i];
+    // Most rows feed one expert of this rank: in range, and nothing to check for duplicates.
+    if (m == 1 && i + 1 < size && static_cast<uint32_t>(w[i + 1]) < static_cast<uint32_t>(numLocal)) {
+      ++count[w[i + 1]];
+      ++slots;
+      ++rows;
+      i += 2;
+      continue;
+    }
     if (m <= 0 || m > numLocal) {
       return FUSCO_FAIL(fuscoRemoteError, kPlan,
                         "rank %d: malformed MoE metadata from rank %d: row %zu has count %d "
@@ -337,9 +348,12 @@ fuscoResult_t planRecv(const MoeShape& shape, int rank,
     int64_t* fr = p.fanRows[s].data();
     uint32_t pos = 0;
     *fs++ = 0;
+    int64_t* cur = cursor.data();
+    const int32_t* w = meta.data();
     for (size_t i = 0; i < meta.size();) {
-      const int32_t m = meta[i];
-      for (int32_t j = 1; j <= m; ++j) fr[pos++] = cursor[meta[i + j]]++;
+      const int32_t m = w[i];
+      fr[pos++] = cur[w[i + 1]]++;  // m >= 1 (scanned above)
+      for (int32_t j = 2; j <= m; ++j) fr[pos++] = cur[w[i + j]]++;
       *fs++ = pos;
       i += static_cast<size_t>(m) + 1;
     }

@@ -27,26 +27,24 @@ uint64_t segRowsEnd(const NodeSegment& g, size_t size) {
   return std::min<uint64_t>(g.pos0 + g.rows, size);
 }
 
-// Sets tokenRow[t], for the tokens of segments [a, b) (one node, route order), to the token's row
-// among those segments (mark) or back to kNoRow. Returns the number of rows.
-size_t markRows(const std::vector<NodeSegment>& segs, size_t a, size_t b,
-                const std::vector<int64_t>& tokens, bool mark, std::vector<size_t>* tokenRow) {
+// Sets tokenRow[t], for the tokens of segments [a, b) (one node, route order), to where the token
+// goes: (i - a) << 32 | its row within segment i (mark), or back to kNoRow.
+void markRows(const std::vector<NodeSegment>& segs, size_t a, size_t b,
+              const std::vector<int64_t>& tokens, bool mark, std::vector<size_t>* tokenRow) {
   const uint64_t n = tokenRow->size();
-  size_t row = 0;
   for (size_t i = a; i < b; ++i) {
     const uint64_t end = segRowsEnd(segs[i], tokens.size());
-    for (uint64_t j = segs[i].pos0; j < end; ++j, ++row) {
+    for (uint64_t j = segs[i].pos0; j < end; ++j) {
       const uint64_t t = static_cast<uint64_t>(tokens[j]);
-      if (t < n) (*tokenRow)[t] = mark ? row : kNoRow;
+      if (t < n) (*tokenRow)[t] = mark ? (i - a) << 32 | (j - segs[i].pos0) : kNoRow;
     }
   }
-  return row;
 }
 
-// Calls fn(lr, row, meta, m) for every RANK row sent to local rank lr of `local` whose token has a
-// marked row, rank by rank and in row order; meta points at that RANK row's metadata (m, then m
-// local experts), found through kStart (row i covers slots [kStart[i], kStart[i + 1]) and starts
-// at word i + kStart[i]).
+// Calls fn(lr, where, meta, m) for every RANK row sent to local rank lr of `local` whose token is
+// marked (where = tokenRow[t]), rank by rank and in row order; meta points at that RANK row's
+// metadata (m, then m local experts), found through kStart (row i covers slots [kStart[i],
+// kStart[i + 1]) and starts at word i + kStart[i]).
 template <class Fn>
 void forEachRankRow(const std::vector<int>& local, const MoeSendPlan& plan,
                     const std::vector<size_t>& tokenRow, Fn fn) {
@@ -66,70 +64,72 @@ void forEachRankRow(const std::vector<int>& local, const MoeSendPlan& plan,
   }
 }
 
-// Writes one entry of a forward metadata row at *at (local rank lr, then the RANK row's metadata
-// m, m experts) and moves *at past it.
-inline void putEntry(size_t lr, const int32_t* meta, uint32_t m, int32_t** at) {
-  int32_t* d = *at;
-  d[0] = static_cast<int32_t>(lr);
-  d[1] = meta[0];
-  d[2] = meta[1];  // m >= 1; m == 1 (one expert per rank and row) is by far the common case
-  for (uint32_t w = 2; w <= m; ++w) d[1 + w] = meta[w];
-  *at = d + 2 + m;
-}
-
 // Where the forward metadata of one rank goes: per forwarder, the words written so far (kNoRow:
-// none yet) and the words a group of segments adds.
+// none yet).
 struct FwdFill {
-  std::vector<size_t> at, grow;
+  std::vector<size_t> at;
 };
 
 // The forward metadata of segments [a, b) of one source (all to one node, route order) appended to
-// their forwarders' lists. Rank-major, so every loop is long and regular: the size of each row
-// first (from every local rank's RANK rows), then where each row starts, then the entries.
+// their forwarders' lists: per segment, per local rank lr, [c, c rows of the segment, w, w words of
+// lr's RANK metadata for them]. Rank-major, so every loop is long and regular: each block's size
+// first, then the blocks.
 void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
                    const std::vector<NodeSegment>& segs, size_t a, size_t b,
                    const std::vector<int64_t>& tokens, NodeSendPlan::Scratch* s, FwdFill* fill,
                    std::vector<std::vector<int32_t>>* fwdMeta) {
-  const size_t rows = markRows(segs, a, b, tokens, true, &s->tokenRow);
-  // Per row: local ranks << 32 | words (the rank count, then per rank: index, m, m experts).
-  s->rowSize.assign(rows, 1);
+  const size_t ls = local.size(), blocks = (b - a) * ls;
+  markRows(segs, a, b, tokens, true, &s->tokenRow);
+  // Per block (segment i - a, local rank lr): rows, then metadata words.
+  s->rowSize.assign(2 * blocks, 0);
   uint64_t* size = s->rowSize.data();
-  forEachRankRow(local, plan, s->tokenRow, [size](size_t, size_t j, const int32_t*, uint32_t m) {
-    size[j] += (uint64_t{1} << 32) + 2 + m;
+  forEachRankRow(local, plan, s->tokenRow, [size, ls](size_t lr, size_t where, const int32_t*, uint32_t m) {
+    const size_t k = (where >> 32) * ls + lr;
+    size[2 * k] += 1;
+    size[2 * k + 1] += 1 + m;
   });
-  s->segWords.assign(b - a, 0);
-  for (size_t i = a, j = 0; i < b; ++i) {
-    const uint64_t end = segRowsEnd(segs[i], tokens.size());
-    for (uint64_t q = segs[i].pos0; q < end; ++q)
-      s->segWords[i - a] += static_cast<uint32_t>(size[j++]);
-    fill->grow[segs[i].forwarder] += s->segWords[i - a];
-  }
   // Every forwarder's list is resized once, before any pointer into it is taken.
+  s->segWords.assign(b - a, 0);
   for (size_t i = a; i < b; ++i) {
-    const int f = segs[i].forwarder;
-    if (fill->grow[f] == 0) continue;
-    if (fill->at[f] == kNoRow) fill->at[f] = 0;
-    (*fwdMeta)[f].resize(fill->at[f] + fill->grow[f]);
-    fill->grow[f] = 0;
-  }
-  s->rowAt.resize(rows);
-  for (size_t i = a, j = 0; i < b; ++i) {
-    const uint64_t end = segRowsEnd(segs[i], tokens.size());
-    if (end <= segs[i].pos0) continue;
-    const int f = segs[i].forwarder;
-    int32_t* p = (*fwdMeta)[f].data() + fill->at[f];
-    for (uint64_t q = segs[i].pos0; q < end; ++q, ++j) {
-      *p = static_cast<int32_t>(size[j] >> 32);
-      s->rowAt[j] = p + 1;
-      p += static_cast<uint32_t>(size[j]);
+    for (size_t lr = 0; lr < ls; ++lr) {
+      const size_t k = (i - a) * ls + lr;
+      s->segWords[i - a] += 2 + size[2 * k] + size[2 * k + 1];
     }
+    const int f = segs[i].forwarder;
+    if (fill->at[f] == kNoRow) fill->at[f] = 0;
     fill->at[f] += s->segWords[i - a];
   }
-  int32_t** rowAt = s->rowAt.data();
-  forEachRankRow(local, plan, s->tokenRow,
-                 [rowAt](size_t lr, size_t j, const int32_t* meta, uint32_t m) {
-                   putEntry(lr, meta, m, &rowAt[j]);
-                 });
+  for (size_t i = a; i < b; ++i) {
+    const int f = segs[i].forwarder;
+    if ((*fwdMeta)[f].size() != fill->at[f]) (*fwdMeta)[f].resize(fill->at[f]);
+  }
+  // Write cursors per block: rowAt[2k] for its rows, rowAt[2k + 1] for its metadata.
+  s->rowAt.resize(2 * blocks);
+  int32_t** at = s->rowAt.data();
+  for (size_t i = b; i-- > a;) {  // fill->at[f] is the end of f's list: walk back to each start
+    const int f = segs[i].forwarder;
+    fill->at[f] -= s->segWords[i - a];
+    int32_t* p = (*fwdMeta)[f].data() + fill->at[f];
+    for (size_t lr = 0; lr < ls; ++lr) {
+      const size_t k = (i - a) * ls + lr;
+      *p++ = static_cast<int32_t>(size[2 * k]);
+      at[2 * k] = p;
+      p += size[2 * k];
+      *p++ = static_cast<int32_t>(size[2 * k + 1]);
+      at[2 * k + 1] = p;
+      p += size[2 * k + 1];
+    }
+  }
+  for (size_t i = a; i < b; ++i) fill->at[segs[i].forwarder] += s->segWords[i - a];
+  forEachRankRow(local, plan, s->tokenRow, [at, ls](size_t lr, size_t where, const int32_t* meta, uint32_t m) {
+    const size_t k = (where >> 32) * ls + lr;
+    *at[2 * k]++ = static_cast<int32_t>(where & 0xffffffffu);
+    int32_t* d = at[2 * k + 1];
+    d[0] = meta[0];
+    d[1] = meta[1];  // m >= 1; m == 1 (one expert per rank and row) is by far the common case
+    for (uint32_t w = 2; w <= m; ++w) d[w] = meta[w];
+    at[2 * k + 1] = d + 1 + m;
+  });
   markRows(segs, a, b, tokens, false, &s->tokenRow);
 }
 
@@ -259,7 +259,6 @@ void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
   out->fwdMeta.resize(nodes.nranks);
   FwdFill fill;
   fill.at.assign(nodes.nranks, kNoRow);
-  fill.grow.assign(nodes.nranks, 0);
   // This rank's segments are ordered by node: one group per destination node.
   for (size_t a = first, b = first; a < last; a = b) {
     const int node = segs[a].node;
@@ -273,41 +272,85 @@ void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
 
 namespace {
 
-// Reads the forward metadata of one segment (g.rows rows) from words [*at, end) of `from`.
+// Reads the forward metadata of one segment (g.rows rows) from words [*at, end) of `from`: per
+// local rank lr, [c, c ascending rows of the segment, w, w words of RANK metadata for them]. Each
+// block is checked and copied whole; the combine terms (per row, the local ranks holding it, in
+// ascending order) follow from the row lists by counting. Kept storage is reused, so a forwarder
+// plans layer after layer without allocating once sizes settle.
 fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const NodeSegment& g,
                           const std::vector<int32_t>& from, size_t* at, NodeFwdSeg* f) {
   const auto& local = nodes.ranksOfNode[g.node];
-  const int ls = static_cast<int>(local.size());
-  f->rowsTo.assign(ls, {});
-  f->meta.assign(ls, {});
-  f->termStart.assign(1, 0);
+  const size_t ls = local.size();
   auto bad = [&](const char* what) {
     return FUSCO_FAIL(fuscoRemoteError, kPlan,
                       "fuscoMoePlan: rank %d sent malformed forward metadata (%s) for route %d",
                       g.src, what, g.route);
   };
-  for (uint64_t i = 0; i < g.rows; ++i) {
-    if (*at >= from.size()) return bad("truncated");
-    const int32_t d = from[(*at)++];
-    if (d < 1 || d > ls) return bad("bad rank count");
-    int prev = -1;
-    for (int32_t j = 0; j < d; ++j) {
-      if (*at + 2 > from.size()) return bad("truncated");
-      const int32_t lr = from[(*at)++], m = from[*at];
-      if (lr <= prev || lr >= ls) return bad("local rank out of order or range");
-      prev = lr;
-      const int nLocal = static_cast<int>(shape.localExperts[local[lr]].size());
-      if (m < 1 || m > nLocal || *at + 1 + m > from.size()) return bad("bad expert count");
-      f->meta[lr].insert(f->meta[lr].end(), from.begin() + *at, from.begin() + *at + 1 + m);
-      *at += 1 + m;
-      f->termLr.push_back(lr);
-      f->termIdx.push_back(static_cast<uint32_t>(f->rowsTo[lr].size()));
-      f->rowsTo[lr].push_back(static_cast<int64_t>(i));
+  // termStart and termIdx are 32-bit.
+  if (g.rows >= UINT32_MAX) return bad("more than 2^32 rows");
+  f->rowsTo.resize(ls);
+  f->meta.resize(ls);
+  f->termStart.assign(g.rows + 1, 0);
+  uint32_t* count = f->termStart.data() + 1;  // terms of each row, then prefix sums
+  const int32_t* const base = from.data();
+  const size_t size = from.size();
+  size_t w = *at, terms = 0;
+  for (size_t lr = 0; lr < ls; ++lr) {
+    if (w >= size) return bad("truncated");
+    const int64_t c = base[w++];
+    if (c < 0 || static_cast<uint64_t>(c) > g.rows || static_cast<size_t>(c) > size - w)
+      return bad("bad row count");
+    std::vector<int64_t>& rows = f->rowsTo[lr];
+    rows.resize(static_cast<size_t>(c));
+    int64_t prev = -1;
+    for (int64_t i = 0; i < c; ++i) {
+      const int64_t row = base[w + i];
+      if (row <= prev || static_cast<uint64_t>(row) >= g.rows) return bad("rows out of order or range");
+      rows[i] = prev = row;
+      ++count[row];
     }
-    // termStart and termIdx are 32-bit (every term index is below termLr.size()).
-    if (f->termLr.size() > UINT32_MAX) return bad("more than 2^32 rows");
-    f->termStart.push_back(static_cast<uint32_t>(f->termLr.size()));
+    w += static_cast<size_t>(c);
+    if (w >= size) return bad("truncated");
+    const int64_t words = base[w++];
+    if (words < 0 || static_cast<size_t>(words) > size - w) return bad("truncated");
+    // RANK-format metadata of exactly c rows, each naming 1 .. (lr's local experts) experts.
+    const int32_t nLocal = static_cast<int32_t>(shape.localExperts[local[lr]].size());
+    const int32_t* meta = base + w;
+    int64_t metaRowsSeen = 0;
+    for (size_t q = 0; q < static_cast<size_t>(words); ++metaRowsSeen) {
+      const int32_t m = meta[q];
+      if (m < 1 || m > nLocal || static_cast<size_t>(m) > static_cast<size_t>(words) - q - 1)
+        return bad("bad expert count");
+      q += 1 + static_cast<size_t>(m);
+    }
+    if (metaRowsSeen != c) return bad("metadata rows differ from the row count");
+    f->meta[lr].assign(meta, meta + words);
+    w += static_cast<size_t>(words);
+    terms += static_cast<size_t>(c);
   }
+  if (terms > UINT32_MAX) return bad("more than 2^32 terms");
+  uint32_t* start = f->termStart.data();
+  for (uint64_t i = 0; i < g.rows; ++i) {
+    if (count[i] == 0) return bad("a row no local rank needs");
+    start[i + 1] += start[i];
+  }
+  // Fill: local ranks ascending, so each row's terms are too; start[i] walks up to start[i + 1]
+  // and is then moved back.
+  f->termLr.resize(terms);
+  f->termIdx.resize(terms);
+  int32_t* termLr = f->termLr.data();
+  uint32_t* termIdx = f->termIdx.data();
+  for (size_t lr = 0; lr < ls; ++lr) {
+    const std::vector<int64_t>& rows = f->rowsTo[lr];
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const uint32_t t = start[rows[i]]++;
+      termLr[t] = static_cast<int32_t>(lr);
+      termIdx[t] = static_cast<uint32_t>(i);
+    }
+  }
+  for (uint64_t i = g.rows; i > 0; --i) start[i] = start[i - 1];
+  start[0] = 0;
+  *at = w;
   return fuscoSuccess;
 }
 
@@ -327,7 +370,8 @@ fuscoResult_t planNodeForward(const MoeShape& shape, const NodeMap& nodes, int r
                               const std::vector<NodeSegment>& segs,
                               const std::vector<std::vector<int32_t>>& metaFrom,
                               std::vector<NodeFwdSeg>* out) {
-  out->clear();
+  // out's elements are reused (their lists keep their storage); extras are dropped at the end.
+  size_t count = 0;
   std::vector<size_t> at(nodes.nranks, 0);
   // This rank forwards only segments into its own node: per source, one range of routes.
   const int myNode = nodes.nodeOf[rank];
@@ -336,12 +380,17 @@ fuscoResult_t planNodeForward(const MoeShape& shape, const NodeMap& nodes, int r
     for (size_t i = first; i < last; ++i) {
       const NodeSegment& g = segs[i];
       if (g.forwarder != rank) continue;
-      NodeFwdSeg f;
+      if (count == out->size()) out->emplace_back();
+      NodeFwdSeg& f = (*out)[count++];
       f.seg = i;
-      FUSCO_CHECK(readSegment(shape, nodes, g, metaFrom[g.src], &at[g.src], &f));
-      out->push_back(std::move(f));
+      const fuscoResult_t r = readSegment(shape, nodes, g, metaFrom[g.src], &at[g.src], &f);
+      if (r != fuscoSuccess) {
+        out->resize(count);
+        return r;
+      }
     }
   }
+  out->resize(count);
   for (int s = 0; s < nodes.nranks; ++s) {
     if (nodes.sameNode(s, rank) || at[s] == metaFrom[s].size()) continue;
     return FUSCO_FAIL(fuscoRemoteError, kPlan,

@@ -7,8 +7,8 @@
 //      runs the same balancer (balance.h), so all ranks know every route: a segment is the rows
 //      of one route, tokens [pos0, pos0 + rows) of what src sends to node, leaving through the
 //      relay's NIC and landing at the forwarder.
-//   2. The source sends each forwarder the forward metadata of its segments: per row, the local
-//      ranks that need it and their local experts (planNodeSend).
+//   2. The source sends each forwarder the forward metadata of its segments: per local rank, the
+//      segment's rows it needs and their RANK metadata (planNodeSend).
 //   3. Each forwarder splits that per local rank (planNodeForward) and sends every rank of its
 //      node one block per segment (nodeBlocksFor): the rows it will forward there, in the RANK
 //      metadata format.
@@ -57,9 +57,9 @@ struct NodeSendPlan {
   std::vector<std::vector<int32_t>> fwdMeta;  // [nranks] forward metadata for forwarder f
   // planNodeSend's working storage, kept so that planning layer after layer reuses it.
   struct Scratch {
-    std::vector<size_t> tokenRow;   // token -> its row among the segments being planned
-    std::vector<uint64_t> rowSize;  // per row: local ranks << 32 | forward metadata words
-    std::vector<int32_t*> rowAt;    // per row: where its next entry is written
+    std::vector<size_t> tokenRow;   // token -> segment (of those being planned) << 32 | its row there
+    std::vector<uint64_t> rowSize;  // per (segment, local rank) block: rows, then metadata words
+    std::vector<int32_t*> rowAt;    // per block: where its next row, and next metadata word, go
     std::vector<size_t> segWords;   // per segment of the node being planned: its words
   } scratch;
 };
@@ -74,8 +74,10 @@ void nodeTokensOf(const NodeMap& nodes, const MoeSendPlan& plan,
                   std::vector<std::vector<int64_t>>* nodeTokens);
 
 // Builds the forward metadata from the RANK plan (rankPlan, planSend's output) of this rank: for
-// each row of each segment, a count D of local ranks, then D times (local rank index, m, m local
-// expert indices). out->nodeTokens must hold nodeTokensOf's lists for the routing rankPlan was
+// each segment, for each local rank lr of its node in order, a block [c, c rows of the segment
+// (ascending, counted from the segment's first row) that lr needs, w, w words of lr's RANK
+// metadata for those rows]. Blocks are rank-major, so building and reading them runs long
+// regular loops rather than one short loop per row. out->nodeTokens must hold nodeTokensOf's lists for the routing rankPlan was
 // made from. Cost: O(log segs.size()) plus the rows of this rank's segments and the RANK rows of
 // their nodes' ranks; out's vectors (fwdMeta, scratch) keep their storage.
 void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,

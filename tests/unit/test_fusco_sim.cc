@@ -12,6 +12,7 @@
 
 #include "fusco_sim_model.h"
 #include "fusco_sim_routing.h"
+#include "fusco_sim_timing.h"
 
 namespace fusco {
 namespace sim {
@@ -171,6 +172,31 @@ TEST(FuscoSim, ImbalancedHeavyRanksSendImbRatioTimesTheCrossNodeRows) {
     (r % s.gpus < s.gpus / 2 ? heavy : light) += static_cast<double>(remote);
   }
   EXPECT_NEAR(heavy / light, s.imbRatio, 0.1 * s.imbRatio);
+}
+
+// The planner timing runs rank 0's whole layer (send, forward, receive) on metadata the other
+// ranks really planned; a malformed step would throw. What it forwards and receives is exact: the
+// rows of its segments, and every row the cluster routes to its experts.
+TEST(FuscoSim, PlanTimingRunsRankZerosWholeLayerOnTheClustersMetadata) {
+  PlanTimingSpec spec;
+  spec.routing.nodes = 3;
+  spec.routing.gpus = 4;
+  spec.routing.numExperts = 24;
+  spec.routing.topk = 4;
+  spec.routing.tokens = 300;
+  spec.reps = 2;
+  const PlanTiming t = timePlanLayer(spec);
+  EXPECT_GT(t.forwardedRows, 0u);
+  // Rows rank 0 receives: one per (source token, expert of rank 0) (no alignment padding).
+  const SimRouter router(spec.routing);
+  std::vector<int64_t> idx;
+  size_t want = 0;
+  for (int s = 0; s < 12; ++s) {
+    router.route(s, &idx);
+    for (int64_t e : idx) want += e >= 0 && e < 2;  // rank 0 holds experts 0 and 1
+  }
+  EXPECT_EQ(t.receivedRows, want);
+  EXPECT_GE(t.total(), 0.0);
 }
 
 }  // namespace

@@ -194,9 +194,24 @@ TEST(NodePlan, MalformedForwardMetadataOrBlocksAreRemoteErrors) {
   auto extra = metaFrom;
   extra[s].push_back(1);
   EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, extra, &fwd), fuscoRemoteError);
-  auto badRank = metaFrom;
-  badRank[s][1] = 7;  // local rank index of the first row's first destination
-  EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, badRank, &fwd), fuscoRemoteError);
+  // The first block (local rank 0's rows): a count above the segment's rows, rows out of order
+  // or out of range, and metadata describing one row more than its count.
+  ASSERT_GE(metaFrom[s].size(), 2u);
+  auto badCount = metaFrom;
+  badCount[s][0] = static_cast<int32_t>(w.segs[0].rows + 1);
+  EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, badCount, &fwd), fuscoRemoteError);
+  const int32_t c0 = metaFrom[s][0];
+  if (c0 >= 1) {
+    auto badRow = metaFrom;
+    badRow[s][1] = static_cast<int32_t>(w.segs[0].rows);  // one past the segment's last row
+    EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, badRow, &fwd), fuscoRemoteError);
+    EXPECT_NE(threadLastError().find("out of order or range"), std::string::npos) << threadLastError();
+  }
+  auto extraRow = metaFrom;  // lr 0's metadata gains a row its count does not have
+  const size_t wordsAt = 1 + static_cast<size_t>(c0);
+  extraRow[s][wordsAt] += 2;
+  extraRow[s].insert(extraRow[s].begin() + static_cast<std::ptrdiff_t>(wordsAt + 1), {1, 0});
+  EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, extraRow, &fwd), fuscoRemoteError);
   // Every forwarder of f's node, as f receives their blocks: fine as sent, an error once changed.
   std::vector<std::vector<int32_t>> blocks = blocksTo(w, f), out(4);
   std::vector<std::vector<NodeInSeg>> inFrom;
@@ -256,21 +271,26 @@ std::vector<std::vector<int32_t>> referenceForwardMeta(
     mine->push_back(i);
     const auto& tokens = nodeTokens[g.node];
     const auto& local = nodes.ranksOfNode[g.node];
-    auto& meta = out[g.forwarder];
+    // Per local rank: the segment's rows it needs and their RANK metadata, in row order.
+    std::vector<std::vector<int32_t>> rowsOf(local.size()), metaOf(local.size());
     for (uint64_t j = g.pos0; j < g.pos0 + g.rows && j < tokens.size(); ++j) {
-      const size_t countAt = meta.size();
-      meta.push_back(0);
       for (size_t lr = 0; lr < local.size(); ++lr) {
         const int r = local[lr];
         if (row[r] >= plan.rows[r].size() || plan.rows[r][row[r]] != tokens[j]) continue;
         const int32_t m = plan.meta[r][word[r]];
-        meta.push_back(static_cast<int32_t>(lr));
-        meta.insert(meta.end(), plan.meta[r].begin() + word[r],
-                    plan.meta[r].begin() + word[r] + 1 + m);
+        rowsOf[lr].push_back(static_cast<int32_t>(j - g.pos0));
+        metaOf[lr].insert(metaOf[lr].end(), plan.meta[r].begin() + word[r],
+                          plan.meta[r].begin() + word[r] + 1 + m);
         word[r] += 1 + m;
         ++row[r];
-        ++meta[countAt];
       }
+    }
+    auto& meta = out[g.forwarder];
+    for (size_t lr = 0; lr < local.size(); ++lr) {
+      meta.push_back(static_cast<int32_t>(rowsOf[lr].size()));
+      meta.insert(meta.end(), rowsOf[lr].begin(), rowsOf[lr].end());
+      meta.push_back(static_cast<int32_t>(metaOf[lr].size()));
+      meta.insert(meta.end(), metaOf[lr].begin(), metaOf[lr].end());
     }
   }
   return out;
