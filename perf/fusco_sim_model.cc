@@ -102,10 +102,10 @@ void accountNodeSegments(const NodeMap& nodes, int s, const std::vector<NodeSegm
     const auto& meta = nsp.fwdMeta[g.forwarder];
     const auto& local = nodes.ranksOfNode[g.node];
     size_t& at = cursor[g.forwarder];
-    for (size_t lr = 0; lr < local.size() && at < meta.size(); ++lr) {
+    for (size_t lr = 0; lr < local.size() && at < meta.size() && meta[at] >= 0; ++lr) {
       const uint64_t c = static_cast<uint64_t>(meta[at]);
       at += 1 + c;
-      if (at < meta.size()) at += 1 + static_cast<size_t>(meta[at]);
+      if (at < meta.size() && meta[at] >= 0) at += 1 + static_cast<size_t>(meta[at]);
       if (local[lr] == g.forwarder) continue;  // the forwarder's own rows: a local write
       lb->nvSend[g.forwarder] += c * B;
       lb->nvRecv[local[lr]] += c * B;

@@ -220,6 +220,11 @@ fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE routing: topkIdx is null for %zu tokens",
                       numTokens);
   }
+  // Rows and forward-metadata row indices are 32-bit on the wire.
+  if (numTokens > static_cast<size_t>(INT32_MAX)) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                      "MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank", numTokens);
+  }
   // stampOf[e] = token + 1 that last selected e, slotOf[e] its slot: duplicates in O(1) per slot.
   std::vector<size_t> stampOf(shape.numExperts, 0);
   std::vector<int> slotOf(shape.numExperts, -1);

@@ -288,6 +288,9 @@ fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const Nod
   };
   // termStart and termIdx are 32-bit.
   if (g.rows >= UINT32_MAX) return bad("more than 2^32 rows");
+  // Every row costs at least 3 words (its index, then m and one expert): check that before sizing
+  // anything by the row count, which comes from counts other ranks reported.
+  if (*at > from.size() || g.rows > (from.size() - *at) / 3) return bad("truncated");
   f->rowsTo.resize(ls);
   f->meta.resize(ls);
   f->termStart.assign(g.rows + 1, 0);
@@ -385,7 +388,7 @@ fuscoResult_t planNodeForward(const MoeShape& shape, const NodeMap& nodes, int r
       f.seg = i;
       const fuscoResult_t r = readSegment(shape, nodes, g, metaFrom[g.src], &at[g.src], &f);
       if (r != fuscoSuccess) {
-        out->resize(count);
+        out->resize(count - 1);  // only segments read whole stay
         return r;
       }
     }

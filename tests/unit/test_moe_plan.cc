@@ -568,6 +568,10 @@ TEST(MoePlanBadInput, TopkOutsideSupportedRange) {
   EXPECT_EQ(validateTopk(shape, idx, 0, 256), fuscoInvalidArgument);
   EXPECT_EQ(validateTopk(shape, nullptr, 0, 2), fuscoSuccess);  // zero tokens
   EXPECT_EQ(validateTopk(shape, nullptr, 3, 2), fuscoInvalidArgument);
+  // More tokens than the wire's 32-bit row indices: refused before the routing is read.
+  const int64_t one[2] = {0, 1};
+  EXPECT_EQ(validateTopk(shape, one, static_cast<size_t>(INT32_MAX) + 1, 2), fuscoInvalidArgument);
+  EXPECT_NE(threadLastError().find("2^31 - 1"), std::string::npos) << threadLastError();
 }
 
 TEST(MoePlanBadInput, BadShapeAndPlacement) {

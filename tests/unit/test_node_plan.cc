@@ -207,6 +207,12 @@ TEST(NodePlan, MalformedForwardMetadataOrBlocksAreRemoteErrors) {
     EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, badRow, &fwd), fuscoRemoteError);
     EXPECT_NE(threadLastError().find("out of order or range"), std::string::npos) << threadLastError();
   }
+  // A segment whose row count (from counts other ranks reported) is far beyond the words sent:
+  // refused as truncated before anything is sized by it.
+  std::vector<NodeSegment> hugeSegs = w.segs;
+  hugeSegs[0].rows = uint64_t{1} << 31;
+  EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, hugeSegs, metaFrom, &fwd), fuscoRemoteError);
+  EXPECT_NE(threadLastError().find("truncated"), std::string::npos) << threadLastError();
   auto extraRow = metaFrom;  // lr 0's metadata gains a row its count does not have
   const size_t wordsAt = 1 + static_cast<size_t>(c0);
   extraRow[s][wordsAt] += 2;
