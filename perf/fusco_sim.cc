@@ -192,10 +192,6 @@ bool parseArgs(int argc, char** argv, Options* o) {
   return true;
 }
 
-NodeMap makeNodes(int nodes, int gpus) {
-  return buildNodeMap(std::vector<std::string>(static_cast<size_t>(nodes) * gpus, "host"), gpus);
-}
-
 // The FUSCO paper's published EP64 (8 x 8) dispatch+combine ms (NCCL, DeepEP, FUSCO), as its
 // repository lists them: real-world at 4k-32k tokens per GPU, single-node at 4k-16k, imbalanced
 // at 16k. Other sizes and cluster shapes print n/a.
@@ -226,7 +222,7 @@ double mb(uint64_t b) { return static_cast<double>(b) / 1e6; }
 
 void simulate(const Options& o, SimPattern pat, size_t tokens) {
   const int nranks = o.nodes * o.gpus;
-  const NodeMap nodes = makeNodes(o.nodes, o.gpus);
+  const NodeMap nodes = simNodeMap(o.nodes, o.gpus);
   MoeShape shape;
   buildMoeShape(nranks, o.experts, nullptr, 1, &shape);
   SimRoutingSpec rs;
@@ -291,7 +287,8 @@ void simulate(const Options& o, SimPattern pat, size_t tokens) {
               total[0] / total[3]);
 }
 
-// The host planning of one rank per layer at EP = ep, 8 GPUs per node, real-world routing.
+// The host planning of one rank per layer at EP = ep, --gpus per node (at most ep), real-world
+// routing.
 void timePlanner(const Options& o, int ep) {
   const int gpus = std::min(o.gpus, ep);
   PlanTimingSpec spec;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "plan/node_plan.h"
 
@@ -32,6 +34,10 @@ uint64_t LinkBytes::totalNicSend() const {
 
 uint64_t LinkBytes::totalNvSend() const {
   return std::accumulate(nvSend.begin(), nvSend.end(), uint64_t{0});
+}
+
+NodeMap simNodeMap(int nodes, int gpus) {
+  return buildNodeMap(std::vector<std::string>(static_cast<size_t>(nodes) * gpus, "host"), gpus);
 }
 
 void paperBalance(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo, BalancePlan* out) {
@@ -156,11 +162,7 @@ void accountCluster(const MoeShape& shape, const NodeMap& nodes, const RouteFn& 
       }
     }
     nodeTokensOf(nodes, rankPlan, &nsp.nodeTokens);  // the API's way: from the RANK plan
-    for (int n = 0; n < nn; ++n) {
-      if (n == nodes.nodeOf[s]) continue;
-      rowsTo[static_cast<size_t>(s) * nn + n] = nsp.nodeTokens[n].size();
-      out->netCopies += nsp.nodeTokens[n].size();
-    }
+    out->netCopies += remoteNodeRows(nodes, s, nsp.nodeTokens, rowsTo.data() + static_cast<size_t>(s) * nn);
   }
   out->links[static_cast<int>(Strategy::DeepepLike)].hbm = nccl.hbm;  // separate permute passes
   planBalance(Balance::Static, nodes, rowsTo, false, &out->balance[1]);

@@ -50,6 +50,9 @@ struct LinkBytes {
 // inter-node send load (descending, ties: lower rank), rotate that order by the node index, and
 // group ranks by position; a rank at position p sends all its rows for node N through its own NIC
 // to the rank at position p of N. Only forwarders are chosen (no relays, no splits).
+// The node map of a simulated cluster: nodes x gpus ranks, gpus per node, node-major.
+NodeMap simNodeMap(int nodes, int gpus);
+
 // [in] rowsTo: [nranks * numNodes] as planBalance takes it. [out] out: routes, loads, maxLoad.
 void paperBalance(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo, BalancePlan* out);
 

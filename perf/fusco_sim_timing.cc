@@ -47,8 +47,7 @@ ClusterInputs clusterInputs(const MoeShape& shape, const NodeMap& nodes, const S
   for (int s = 0; s < ep; ++s) {
     router.route(s, &idx);
     nodeTokensOf(shape, nodes, idx.data(), tokens, topk, &nt);
-    for (int n = 0; n < nn; ++n)
-      if (n != nodes.nodeOf[s]) in.rowsTo[static_cast<size_t>(s) * nn + n] = nt[n].size();
+    remoteNodeRows(nodes, s, nt, in.rowsTo.data() + static_cast<size_t>(s) * nn);
   }
   BalancePlan bp;
   planBalance(Balance::Greedy, nodes, in.rowsTo, true, &bp, spec.slack);
@@ -77,8 +76,7 @@ ClusterInputs clusterInputs(const MoeShape& shape, const NodeMap& nodes, const S
 PlanTiming timePlanLayer(const PlanTimingSpec& spec) {
   const SimRoutingSpec& rs = spec.routing;
   const int ep = rs.nodes * rs.gpus;
-  const NodeMap nodes =
-      buildNodeMap(std::vector<std::string>(static_cast<size_t>(ep), "host"), rs.gpus);
+  const NodeMap nodes = simNodeMap(rs.nodes, rs.gpus);
   MoeShape shape;
   must(buildMoeShape(ep, rs.numExperts, nullptr, 1, &shape), "buildMoeShape");
   const SimRouter router(rs);
@@ -122,16 +120,16 @@ PlanTiming timePlanLayer(const PlanTimingSpec& spec) {
     planNodeSend(nodes, 0, plan, segs, &nsp);
     const auto e = clk::now();
     must(planNodeForward(shape, nodes, 0, segs, in.fwdTo[0], &fwd), "planNodeForward");
-    for (size_t lr = 0; lr < mine.size(); ++lr) nodeBlocksFor(fwd, segs, static_cast<int>(lr), &blocksOut);
+    // Rank 0's own block (local rank 0) is what the exchange loops back to it.
+    for (size_t lr = 0; lr < mine.size(); ++lr)
+      nodeBlocksFor(fwd, segs, static_cast<int>(lr), lr == 0 ? &blocksFrom[0] : &blocksOut);
     const auto f = clk::now();
-    nodeBlocksFor(fwd, segs, 0, &blocksFrom[0]);  // its own block, as the exchange loops it back
-    const auto g = clk::now();
     must(planNodeReceive(nodes, 0, segs, blocksFrom, &metaFrom, &inFrom), "planNodeReceive");
     must(planRecv(shape, 0, metaFrom, &recv), "planRecv");
     const auto h = clk::now();
     paperBalance(nodes, in.rowsTo, &pp);
     const auto i = clk::now();
-    const double each[7] = {ms(a, b), ms(b, c), ms(c, d), ms(d, e), ms(e, f), ms(g, h), ms(h, i)};
+    const double each[7] = {ms(a, b), ms(b, c), ms(c, d), ms(d, e), ms(e, f), ms(f, h), ms(h, i)};
     for (int k = 0; k < 7; ++k) t[k].push_back(each[k]);
   }
   out.validate = median(t[0]);

@@ -79,7 +79,7 @@ fuscoResult_t fusco::exchangeWords(fuscoComm_t comm, const char* name, const Arg
   FUSCO_CHECK(exchange(comm, name, a, s, r));
   in->assign(n, {});
   for (int p = 0; p < n; ++p) {
-    if (theirSizes[p] > (1ull << 34))
+    if (theirSizes[p] > kMaxPlanWords)
       return FUSCO_FAIL(fuscoRemoteError, kPlan, "%s: rank %d announced %llu words", name, p,
                         static_cast<unsigned long long>(theirSizes[p]));
     (*in)[p].resize(theirSizes[p]);

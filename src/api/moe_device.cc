@@ -55,7 +55,7 @@ void combineSumTerms(const fuscoMoeHandle& h, SumTerms* st) {
         for (uint32_t j = h.send.kStart[r][cur]; j < h.send.kStart[r][cur + 1]; ++j) {
           st->rank.push_back(static_cast<uint32_t>(r));
           st->row.push_back(h.remoteFanRows[r][j]);
-          st->weight.push_back(static_cast<int64_t>(t) * h.topk + h.send.kSlots[r][j]);
+          st->weight.push_back(h.weightIdx[r][j]);  // t * topk + k (buildWeightIndex)
           st->last.push_back(0);
         }
       }
@@ -156,7 +156,7 @@ fuscoResult_t deviceCombine(fuscoMoeHandle& h, const void* expertOut, fuscoDataT
   const char* offered = static_cast<const char*>(expertOut);
   bool mappable = true;
   uint64_t token = 0;
-  for (int p = 0; p < n && mappable && extent > 0; ++p)
+  for (int p = 0; p < n && mappable && extent > 0 && a.status == fuscoSuccess; ++p)
     mappable = p == me || c.regionToken(p, expertOut, extent, &token);
   if (a.status == fuscoSuccess && !mappable) {
     char* copy = joinScratch(c, kExpertCopyScratch, extent, &a);

@@ -81,8 +81,11 @@ void joinFailure(fuscoResult_t r, ArgCheck* a);
 // recorded in *a as above).
 char* joinScratch(Communicator& c, int slot, size_t bytes, ArgCheck* a);
 
+// Above any list size or row count a plan reaches: a peer announcing more is malformed.
+constexpr uint64_t kMaxPlanWords = uint64_t{1} << 34;
+
 // An exchange of int32 word lists over the comm (sizes, then words): out[p] to rank p, in[p] from
-// it. fuscoRemoteError if a peer announces an absurd size.
+// it. fuscoRemoteError if a peer announces more than kMaxPlanWords.
 fuscoResult_t exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& a,
                             const std::vector<std::vector<int32_t>>& out,
                             std::vector<std::vector<int32_t>>* in);

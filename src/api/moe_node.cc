@@ -15,7 +15,6 @@ namespace fusco {
 namespace {
 
 constexpr int64_t kMaxSlack = 1 << 20;         // FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound
-constexpr uint64_t kMaxNodeRows = 1ull << 34;  // a count no plan reaches (exchangeWords' bound too)
 
 // Every rank's words (all[s * words + i]), from each rank's own `mine` (the same length on every
 // rank: the node count and two settings).
@@ -43,6 +42,24 @@ Balance balanceMode(int requested) {
   }
 }
 
+// The routes every rank computes alike from the all-gathered counts (rowsTo), logged.
+void planNodeRoutes(fuscoComm_t comm, fuscoMoeHandle::NodeState& st, const std::vector<uint64_t>& rowsTo,
+                    uint32_t slack) {
+  const NodeMap& nodes = comm->impl->nodes();
+  planBalance(st.balance, nodes, rowsTo, st.balance == Balance::Greedy, &st.plan, slack);
+  nodeSegmentsInto(nodes, st.plan, &st.segs);
+  if (comm->impl->rank() == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
+    FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
+               describeBalance(st.balance, st.plan).c_str());
+  if (logEnabled(LogLevel::Trace, kPlan))
+    for (const NodeSegment& g : st.segs)
+      FUSCO_TRACE(
+          kPlan,
+          "fuscoMoePlan: segment src %d node %d route %d relay %d forwarder %d rows %llu+%llu",
+          g.src, g.node, g.route, g.relay, g.forwarder, static_cast<unsigned long long>(g.pos0),
+          static_cast<unsigned long long>(g.rows));
+}
+
 }  // namespace
 
 fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a, int balance,
@@ -62,48 +79,39 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   mine[nn] = static_cast<uint64_t>(st.balance), mine[nn + 1] = slack;
   if (a.status == fuscoSuccess) {
     nodeTokensOf(nodes, h.send, &st.send.nodeTokens);
-    for (int node = 0; node < nodes.numNodes; ++node)
-      if (node != nodes.nodeOf[me]) mine[node] = st.send.nodeTokens[node].size();
+    remoteNodeRows(nodes, me, st.send.nodeTokens, mine.data());
   }
   FUSCO_CHECK(gatherNodeCounts(comm, a, mine, &all));
   ArgCheck agreed = a;
   std::vector<uint64_t> rowsTo(static_cast<size_t>(n) * nn);
+  auto modeName = [](uint64_t v) { return v <= 2 ? balanceName(static_cast<Balance>(v)) : "?"; };
   for (int s = 0; s < n; ++s) {
     const uint64_t* w = all.data() + s * words;
     std::copy(w, w + nn, rowsTo.begin() + s * nn);
     if (agreed.status == fuscoSuccess && (w[nn] != mine[nn] || w[nn + 1] != mine[nn + 1]))
-      agreed.fail("fuscoMoePlan: rank %d balances NODE routes with mode %llu slack %llu, this rank with mode %llu "
+      agreed.fail("fuscoMoePlan: rank %d balances NODE routes with mode %s slack %llu, this rank with mode %s "
                   "slack %llu (the config's balance and FUSCO_BALANCE_SLACK must agree)",
-                  s, static_cast<unsigned long long>(w[nn]), static_cast<unsigned long long>(w[nn + 1]),
-                  static_cast<unsigned long long>(mine[nn]), static_cast<unsigned long long>(mine[nn + 1]));
+                  s, modeName(w[nn]), static_cast<unsigned long long>(w[nn + 1]), modeName(mine[nn]),
+                  static_cast<unsigned long long>(mine[nn + 1]));
     for (size_t k = 0; k < nn && agreed.status == fuscoSuccess; ++k)
-      if (w[k] > kMaxNodeRows) agreed.fail("fuscoMoePlan: rank %d sent a count of %llu rows to node %zu", s,
-                                           static_cast<unsigned long long>(w[k]), k);
+      if (w[k] > kMaxPlanWords) agreed.fail("fuscoMoePlan: rank %d sent a count of %llu rows to node %zu", s,
+                                            static_cast<unsigned long long>(w[k]), k);
   }
-  if (agreed.status != fuscoSuccess) std::fill(rowsTo.begin(), rowsTo.end(), 0);
-  planBalance(st.balance, nodes, rowsTo, st.balance == Balance::Greedy, &st.plan, slack);
-  nodeSegmentsInto(nodes, st.plan, &st.segs);
-  if (me == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
-    FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
-               describeBalance(st.balance, st.plan).c_str());
-  if (logEnabled(LogLevel::Trace, kPlan))
-    for (const NodeSegment& g : st.segs)
-      FUSCO_TRACE(
-          kPlan,
-          "fuscoMoePlan: segment src %d node %d route %d relay %d forwarder %d rows %llu+%llu",
-          g.src, g.node, g.route, g.relay, g.forwarder, static_cast<unsigned long long>(g.pos0),
-          static_cast<unsigned long long>(g.rows));
-  planNodeSend(nodes, me, h.send, st.segs, &st.send);
-  // A relay is a rank of the source's node: only the segments of this node's ranks can name it.
-  st.relayed.clear();
-  for (int s : nodes.ranksOfNode[nodes.nodeOf[me]]) {
-    const auto [first, last] = segmentsOf(st.segs, s);
-    for (size_t i = first; i < last; ++i)
-      if (st.segs[i].relay == me && s != me) st.relayed.push_back(i);
-  }
-  // Step 2: the RANK metadata to the ranks of this node, the forward metadata to forwarders.
+  // Step 2: the RANK metadata to the ranks of this node, the forward metadata to forwarders. A
+  // plan that failed already sends nothing: the exchange only carries the failure.
   std::vector<std::vector<int32_t>> out(n), in;
-  for (int p = 0; p < n; ++p) out[p] = nodes.sameNode(p, me) ? h.send.meta[p] : st.send.fwdMeta[p];
+  if (agreed.status == fuscoSuccess) {
+    planNodeRoutes(comm, st, rowsTo, slack);
+    planNodeSend(nodes, me, h.send, st.segs, &st.send);
+    // A relay is a rank of the source's node: only the segments of this node's ranks can name it.
+    st.relayed.clear();
+    for (int s : nodes.ranksOfNode[nodes.nodeOf[me]]) {
+      const auto [first, last] = segmentsOf(st.segs, s);
+      for (size_t i = first; i < last; ++i)
+        if (st.segs[i].relay == me && s != me) st.relayed.push_back(i);
+    }
+    for (int p = 0; p < n; ++p) out[p] = nodes.sameNode(p, me) ? h.send.meta[p] : st.send.fwdMeta[p];
+  }
   FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", agreed, out, &in));
   // Step 3: what this rank forwards, told to each rank of its node.
   if (planNodeForward(h.shape, nodes, me, st.segs, in, &st.fwd) != fuscoSuccess) {

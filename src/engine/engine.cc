@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "core/clock.h"
 #include "core/fault.h"
@@ -555,7 +556,13 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
                       "%s: the communicator failed in an earlier call and cannot be used: %s",
                       op.name, comm.brokenMessage().c_str());
   OpRunner runner(comm, op);
-  fuscoResult_t r = runner.run();
+  fuscoResult_t r;
+  try {
+    r = runner.run();
+  } catch (const std::bad_alloc&) {
+    // Half an operation may be in the channels: the communicator is broken like on any failure.
+    r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", op.name);
+  }
   // Anything but an agreed validation failure may leave half an operation in the channels.
   if (r != fuscoSuccess && !runner.failedValidation()) comm.markBroken(r, threadLastError());
   return r;

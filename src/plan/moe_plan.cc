@@ -267,8 +267,8 @@ void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_
   const bool perRank = dedup != Dedup::None;
   std::vector<SendCount> c;
   countSend(shape, topkIdx, numTokens, topk, perRank, &c);
-  // Exact sizes (a reused plan keeps its capacity, so layer after layer only the slot scratch
-  // below is allocated). The slots go through per-rank buckets first: scattering one record per
+  // Exact sizes (a reused plan keeps its capacity, scratch included, so layer after layer only
+  // the counters above and the bucket cursors are allocated). The slots go through per-rank buckets first: scattering one record per
   // slot and then writing each rank's four lists in sequence is much cheaper than scattering into
   // all of them at once.
   size_t total = 0;

@@ -60,7 +60,7 @@ struct MoeSendPlan {
   size_t numTokens = 0;
   int topk = 0;
   // planSendInto's working space, one record per valid slot bucketed by destination rank; kept so
-  // a plan rebuilt every layer allocates nothing (planSend returns it empty).
+  // a plan rebuilt every layer allocates only O(nranks) counters (planSend returns it empty).
   struct Slot {
     int64_t token;
     int32_t local;  // the expert's index among its rank's experts
@@ -70,8 +70,8 @@ struct MoeSendPlan {
 };
 MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                      int topk, Dedup dedup);
-// The same plan written into *out, reusing its vectors' capacity (a plan rebuilt every layer
-// allocates nothing once it has seen its largest layer). Expects validateTopk to have passed; ids
+// The same plan written into *out, reusing its vectors' capacity (once it has seen its largest
+// layer, a plan rebuilt every layer allocates only O(nranks) counters). Expects validateTopk to have passed; ids
 // outside the range are skipped.
 void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                   int topk, Dedup dedup, MoeSendPlan* out);

@@ -27,6 +27,17 @@ uint64_t segRowsEnd(const NodeSegment& g, size_t size) {
   return std::min<uint64_t>(g.pos0 + g.rows, size);
 }
 
+// Rows in RANK-format metadata (per row a count m in [1, maxM], then m words); SIZE_MAX if
+// malformed.
+size_t metaRows(const int32_t* meta, size_t len, int32_t maxM = INT32_MAX) {
+  size_t rows = 0;
+  for (size_t i = 0; i < len; ++rows) {
+    if (meta[i] < 1 || meta[i] > maxM || static_cast<size_t>(meta[i]) > len - i - 1) return SIZE_MAX;
+    i += 1 + static_cast<size_t>(meta[i]);
+  }
+  return rows;
+}
+
 // Sets tokenRow[t], for the tokens of segments [a, b) (one node, route order), to where the token
 // goes: (i - a) << 32 | its row within segment i (mark), or back to kNoRow.
 void markRows(const std::vector<NodeSegment>& segs, size_t a, size_t b,
@@ -50,6 +61,10 @@ void forEachRankRow(const std::vector<int>& local, const MoeSendPlan& plan,
                     const std::vector<size_t>& tokenRow, Fn fn) {
   const uint64_t n = tokenRow.size();
   for (size_t lr = 0; lr < local.size(); ++lr) {
+    if (static_cast<size_t>(local[lr]) >= plan.rows.size() ||
+        static_cast<size_t>(local[lr]) >= plan.kStart.size() ||
+        static_cast<size_t>(local[lr]) >= plan.meta.size())
+      continue;  // not planSend's output for this communicator
     const std::vector<int64_t>& rows = plan.rows[local[lr]];
     const uint32_t* kStart = plan.kStart[local[lr]].data();
     const int32_t* meta = plan.meta[local[lr]].data();
@@ -64,54 +79,40 @@ void forEachRankRow(const std::vector<int>& local, const MoeSendPlan& plan,
   }
 }
 
-// Where the forward metadata of one rank goes: per forwarder, the words written so far (kNoRow:
-// none yet).
-struct FwdFill {
-  std::vector<size_t> at;
-};
-
 // The forward metadata of segments [a, b) of one source (all to one node, route order) appended to
 // their forwarders' lists: per segment, per local rank lr, [c, c rows of the segment, w, w words of
 // lr's RANK metadata for them]. Rank-major, so every loop is long and regular: each block's size
-// first, then the blocks.
+// first, then the blocks. filled[f]: the words of f's list written so far (kNoRow: none yet).
 void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
                    const std::vector<NodeSegment>& segs, size_t a, size_t b,
-                   const std::vector<int64_t>& tokens, NodeSendPlan::Scratch* s, FwdFill* fill,
-                   std::vector<std::vector<int32_t>>* fwdMeta) {
+                   const std::vector<int64_t>& tokens, NodeSendPlan::Scratch* s,
+                   std::vector<size_t>* filled, std::vector<std::vector<int32_t>>* fwdMeta) {
   const size_t ls = local.size(), blocks = (b - a) * ls;
   markRows(segs, a, b, tokens, true, &s->tokenRow);
-  // Per block (segment i - a, local rank lr): rows, then metadata words.
-  s->rowSize.assign(2 * blocks, 0);
-  uint64_t* size = s->rowSize.data();
+  // Per block k = (segment i - a, local rank lr): rows at 2k, metadata words at 2k + 1.
+  s->blockSize.assign(2 * blocks, 0);
+  uint64_t* size = s->blockSize.data();
   forEachRankRow(local, plan, s->tokenRow, [size, ls](size_t lr, size_t where, const int32_t*, uint32_t m) {
     const size_t k = (where >> 32) * ls + lr;
     size[2 * k] += 1;
     size[2 * k + 1] += 1 + m;
   });
-  // Every forwarder's list is resized once, before any pointer into it is taken.
-  s->segWords.assign(b - a, 0);
+  // Where each segment starts in its forwarder's list; every list is resized once, before any
+  // pointer into it is taken.
+  s->segStart.resize(b - a);
   for (size_t i = a; i < b; ++i) {
-    for (size_t lr = 0; lr < ls; ++lr) {
-      const size_t k = (i - a) * ls + lr;
-      s->segWords[i - a] += 2 + size[2 * k] + size[2 * k + 1];
-    }
-    const int f = segs[i].forwarder;
-    if (fill->at[f] == kNoRow) fill->at[f] = 0;
-    fill->at[f] += s->segWords[i - a];
+    size_t& end = (*filled)[segs[i].forwarder];
+    if (end == kNoRow) end = 0;
+    s->segStart[i - a] = end;
+    for (size_t k = (i - a) * ls; k < (i - a + 1) * ls; ++k) end += 2 + size[2 * k] + size[2 * k + 1];
   }
+  for (size_t i = a; i < b; ++i) (*fwdMeta)[segs[i].forwarder].resize((*filled)[segs[i].forwarder]);
+  // Each block's count words, and write cursors: blockAt[2k] for its rows, [2k + 1] for its words.
+  s->blockAt.resize(2 * blocks);
+  int32_t** at = s->blockAt.data();
   for (size_t i = a; i < b; ++i) {
-    const int f = segs[i].forwarder;
-    if ((*fwdMeta)[f].size() != fill->at[f]) (*fwdMeta)[f].resize(fill->at[f]);
-  }
-  // Write cursors per block: rowAt[2k] for its rows, rowAt[2k + 1] for its metadata.
-  s->rowAt.resize(2 * blocks);
-  int32_t** at = s->rowAt.data();
-  for (size_t i = b; i-- > a;) {  // fill->at[f] is the end of f's list: walk back to each start
-    const int f = segs[i].forwarder;
-    fill->at[f] -= s->segWords[i - a];
-    int32_t* p = (*fwdMeta)[f].data() + fill->at[f];
-    for (size_t lr = 0; lr < ls; ++lr) {
-      const size_t k = (i - a) * ls + lr;
+    int32_t* p = (*fwdMeta)[segs[i].forwarder].data() + s->segStart[i - a];
+    for (size_t k = (i - a) * ls; k < (i - a + 1) * ls; ++k) {
       *p++ = static_cast<int32_t>(size[2 * k]);
       at[2 * k] = p;
       p += size[2 * k];
@@ -120,7 +121,6 @@ void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
       p += size[2 * k + 1];
     }
   }
-  for (size_t i = a; i < b; ++i) fill->at[segs[i].forwarder] += s->segWords[i - a];
   forEachRankRow(local, plan, s->tokenRow, [at, ls](size_t lr, size_t where, const int32_t* meta, uint32_t m) {
     const size_t k = (where >> 32) * ls + lr;
     *at[2 * k]++ = static_cast<int32_t>(where & 0xffffffffu);
@@ -250,6 +250,17 @@ void nodeTokensOf(const NodeMap& nodes, const MoeSendPlan& plan,
   }
 }
 
+uint64_t remoteNodeRows(const NodeMap& nodes, int rank,
+                        const std::vector<std::vector<int64_t>>& nodeTokens, uint64_t* out) {
+  uint64_t total = 0;
+  for (int node = 0; node < nodes.numNodes; ++node) {
+    const bool remote = node != nodes.nodeOf[rank] && static_cast<size_t>(node) < nodeTokens.size();
+    out[node] = remote ? nodeTokens[node].size() : 0;
+    total += out[node];
+  }
+  return total;
+}
+
 void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
                   const std::vector<NodeSegment>& segs, NodeSendPlan* out) {
   const auto [first, last] = segmentsOf(segs, rank);
@@ -257,17 +268,18 @@ void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
   for (size_t i = first; i < last; ++i) out->segs.push_back(i);
   out->scratch.tokenRow.assign(rankPlan.numTokens, kNoRow);
   out->fwdMeta.resize(nodes.nranks);
-  FwdFill fill;
-  fill.at.assign(nodes.nranks, kNoRow);
+  std::vector<size_t> filled(nodes.nranks, kNoRow);
+  const std::vector<int64_t> none;
   // This rank's segments are ordered by node: one group per destination node.
   for (size_t a = first, b = first; a < last; a = b) {
     const int node = segs[a].node;
     while (b < last && segs[b].node == node) ++b;
-    planNodeGroup(nodes.ranksOfNode[node], rankPlan, segs, a, b, out->nodeTokens[node],
-                  &out->scratch, &fill, &out->fwdMeta);
+    const bool listed = static_cast<size_t>(node) < out->nodeTokens.size();
+    planNodeGroup(nodes.ranksOfNode[node], rankPlan, segs, a, b,
+                  listed ? out->nodeTokens[node] : none, &out->scratch, &filled, &out->fwdMeta);
   }
   for (int f = 0; f < nodes.nranks; ++f)
-    if (fill.at[f] == kNoRow) out->fwdMeta[f].clear();
+    if (filled[f] == kNoRow) out->fwdMeta[f].clear();
 }
 
 namespace {
@@ -319,14 +331,9 @@ fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const Nod
     // RANK-format metadata of exactly c rows, each naming 1 .. (lr's local experts) experts.
     const int32_t nLocal = static_cast<int32_t>(shape.localExperts[local[lr]].size());
     const int32_t* meta = base + w;
-    int64_t metaRowsSeen = 0;
-    for (size_t q = 0; q < static_cast<size_t>(words); ++metaRowsSeen) {
-      const int32_t m = meta[q];
-      if (m < 1 || m > nLocal || static_cast<size_t>(m) > static_cast<size_t>(words) - q - 1)
-        return bad("bad expert count");
-      q += 1 + static_cast<size_t>(m);
-    }
-    if (metaRowsSeen != c) return bad("metadata rows differ from the row count");
+    const size_t metaRowsSeen = metaRows(meta, static_cast<size_t>(words), nLocal);
+    if (metaRowsSeen == SIZE_MAX) return bad("bad expert count");
+    if (metaRowsSeen != static_cast<size_t>(c)) return bad("metadata rows differ from the row count");
     f->meta[lr].assign(meta, meta + words);
     w += static_cast<size_t>(words);
     terms += static_cast<size_t>(c);
@@ -357,22 +364,17 @@ fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const Nod
   return fuscoSuccess;
 }
 
-// Rows in RANK-format metadata (per row a count m >= 1, then m words); SIZE_MAX if malformed.
-size_t metaRows(const int32_t* meta, size_t len) {
-  size_t rows = 0;
-  for (size_t i = 0; i < len; ++rows) {
-    if (meta[i] < 1 || static_cast<size_t>(meta[i]) > len - i - 1) return SIZE_MAX;
-    i += 1 + static_cast<size_t>(meta[i]);
-  }
-  return rows;
-}
-
 }  // namespace
 
 fuscoResult_t planNodeForward(const MoeShape& shape, const NodeMap& nodes, int rank,
                               const std::vector<NodeSegment>& segs,
                               const std::vector<std::vector<int32_t>>& metaFrom,
                               std::vector<NodeFwdSeg>* out) {
+  if (static_cast<int>(metaFrom.size()) != nodes.nranks) {
+    return FUSCO_FAIL(fuscoInternalError, kPlan,
+                      "fuscoMoePlan: forward metadata from %zu ranks, expected %d", metaFrom.size(),
+                      nodes.nranks);
+  }
   // out's elements are reused (their lists keep their storage); extras are dropped at the end.
   size_t count = 0;
   std::vector<size_t> at(nodes.nranks, 0);
@@ -419,6 +421,11 @@ fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<
                               const std::vector<std::vector<int32_t>>& blocksFrom,
                               std::vector<std::vector<int32_t>>* metaFrom,
                               std::vector<std::vector<NodeInSeg>>* inFrom) {
+  if (static_cast<int>(blocksFrom.size()) != nodes.nranks || static_cast<int>(metaFrom->size()) != nodes.nranks) {
+    return FUSCO_FAIL(fuscoInternalError, kPlan,
+                      "fuscoMoePlan: blocks from %zu ranks and metadata for %zu, expected %d",
+                      blocksFrom.size(), metaFrom->size(), nodes.nranks);
+  }
   const int myNode = nodes.nodeOf[rank];
   // The segments into this node, in global order: per source, one range of routes.
   struct Block {

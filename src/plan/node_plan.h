@@ -9,9 +9,9 @@
 //      relay's NIC and landing at the forwarder.
 //   2. The source sends each forwarder the forward metadata of its segments: per local rank, the
 //      segment's rows it needs and their RANK metadata (planNodeSend).
-//   3. Each forwarder splits that per local rank (planNodeForward) and sends every rank of its
-//      node one block per segment (nodeBlocksFor): the rows it will forward there, in the RANK
-//      metadata format.
+//   3. Each forwarder checks and keeps those per-rank blocks (planNodeForward) and sends every
+//      rank of its node one block per segment (nodeBlocksFor): the rows it will forward there, in
+//      the RANK metadata format.
 //   4. Each rank assembles, per remote source, exactly the metadata RANK dedup would have sent it
 //      (planNodeReceive), so its receive plan, and hence recvX, is the same in every mode.
 // Combine mirrors the path: partial sums per (token, rank) go to the forwarder, which adds them
@@ -57,15 +57,17 @@ struct NodeSendPlan {
   std::vector<std::vector<int32_t>> fwdMeta;  // [nranks] forward metadata for forwarder f
   // planNodeSend's working storage, kept so that planning layer after layer reuses it.
   struct Scratch {
-    std::vector<size_t> tokenRow;   // token -> segment (of those being planned) << 32 | its row there
-    std::vector<uint64_t> rowSize;  // per (segment, local rank) block: rows, then metadata words
-    std::vector<int32_t*> rowAt;    // per block: where its next row, and next metadata word, go
-    std::vector<size_t> segWords;   // per segment of the node being planned: its words
+    // token -> segment (of those being planned) << 32 | its row there; SIZE_MAX: not in them
+    std::vector<size_t> tokenRow;
+    std::vector<uint64_t> blockSize;  // per (segment, local rank) block: rows, then metadata words
+    std::vector<int32_t*> blockAt;    // per block: where its next row, and next metadata word, go
+    std::vector<size_t> segStart;     // per segment being planned: its start in its forwarder's list
   } scratch;
 };
 
-// Tokens per node of this rank (nodeTokens), for the balancer's counts and planNodeSend. The
-// lists' storage is reused from call to call.
+// Tokens per node of this rank (nodeTokens), for the balancer's counts and planNodeSend, read
+// from the routing (the API takes the cheaper form below; tests and perf use this one as an
+// independent check and where no send plan exists). The lists' storage is reused.
 void nodeTokensOf(const MoeShape& shape, const NodeMap& nodes, const int64_t* topkIdx,
                   size_t numTokens, int topk, std::vector<std::vector<int64_t>>* nodeTokens);
 // The same lists from this rank's send plan (planSend's output, RANK or NONE) for that routing:
@@ -73,13 +75,19 @@ void nodeTokensOf(const MoeShape& shape, const NodeMap& nodes, const int64_t* to
 void nodeTokensOf(const NodeMap& nodes, const MoeSendPlan& plan,
                   std::vector<std::vector<int64_t>>* nodeTokens);
 
+// This rank's row of the balancer's counts (planBalance's rowsTo): out[node] = the tokens it
+// sends to each remote node (nodeTokens[node].size()), 0 for its own node; out holds numNodes
+// entries. Returns their sum: the rows this rank puts on the network.
+uint64_t remoteNodeRows(const NodeMap& nodes, int rank,
+                        const std::vector<std::vector<int64_t>>& nodeTokens, uint64_t* out);
+
 // Builds the forward metadata from the RANK plan (rankPlan, planSend's output) of this rank: for
 // each segment, for each local rank lr of its node in order, a block [c, c rows of the segment
 // (ascending, counted from the segment's first row) that lr needs, w, w words of lr's RANK
 // metadata for those rows]. Blocks are rank-major, so building and reading them runs long
 // regular loops rather than one short loop per row. out->nodeTokens must hold nodeTokensOf's lists for the routing rankPlan was
-// made from. Cost: O(log segs.size()) plus the rows of this rank's segments and the RANK rows of
-// their nodes' ranks; out's vectors (fwdMeta, scratch) keep their storage.
+// made from. Cost: O(numTokens + log segs.size()) plus the rows of this rank's segments and the
+// RANK rows of their nodes' ranks; out's vectors (fwdMeta, scratch) keep their storage.
 void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
                   const std::vector<NodeSegment>& segs, NodeSendPlan* out);
 

@@ -67,9 +67,7 @@ World makeWorld(int nranks, int localSize, int topk, uint64_t seed, bool skewed,
     w.rankPlan.push_back(planSend(w.shape, s, w.topkIdx[s].data(), w.tokens[s], topk, Dedup::Rank));
     nodeTokensOf(w.shape, w.nodes, w.topkIdx[s].data(), w.tokens[s], topk,
                  &w.nodeSend[s].nodeTokens);
-    for (int n = 0; n < w.nodes.numNodes; ++n)
-      if (n != w.nodes.nodeOf[s])
-        rowsTo[s * w.nodes.numNodes + n] = w.nodeSend[s].nodeTokens[n].size();
+    remoteNodeRows(w.nodes, s, w.nodeSend[s].nodeTokens, rowsTo.data() + s * w.nodes.numNodes);
   }
   BalancePlan bal;
   planBalance(mode, w.nodes, rowsTo, allowRelay, &bal);
@@ -340,6 +338,25 @@ TEST(NodePlan, SendPlansEqualTheTokenByTokenMergeForEveryRouteShape) {
   EXPECT_EQ(worlds, 60u);
 }
 
+// A rank's balancer counts: its tokens per remote node, nothing for its own, and their sum.
+TEST(NodePlan, RemoteNodeRowsCountsRemoteNodesOnlyAndSumsThem) {
+  const NodeMap nodes = buildNodeMap(std::vector<std::string>(6, "h"), 2);
+  const std::vector<std::vector<int64_t>> tokens = {{0, 1, 2}, {4}, {1, 3}};
+  uint64_t out[3] = {9, 9, 9};
+  EXPECT_EQ(remoteNodeRows(nodes, 2, tokens, out), 5u);  // rank 2 is on node 1
+  EXPECT_EQ(out[0], 3u);
+  EXPECT_EQ(out[1], 0u);
+  EXPECT_EQ(out[2], 2u);
+  // Missing lists count as empty; a mismatched forwarder-metadata vector is an internal error.
+  EXPECT_EQ(remoteNodeRows(nodes, 0, {{0}}, out), 0u);
+  EXPECT_EQ(out[1] + out[2], 0u);
+  MoeShape shape;
+  ASSERT_EQ(buildMoeShape(6, 6, nullptr, 1, &shape), fuscoSuccess);
+  std::vector<NodeFwdSeg> fwd;
+  EXPECT_EQ(planNodeForward(shape, nodes, 0, {}, std::vector<std::vector<int32_t>>(5), &fwd),
+            fuscoInternalError);
+}
+
 TEST(NodePlan, SegmentsOfFindsEachSourcesRoutesAndReusedListsMatchFreshOnes) {
   std::vector<NodeSegment> reused;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
@@ -362,9 +379,7 @@ TEST(NodePlan, SegmentsOfFindsEachSourcesRoutesAndReusedListsMatchFreshOnes) {
     BalancePlan bal;
     std::vector<uint64_t> rowsTo(12 * w.nodes.numNodes, 0);
     for (int s = 0; s < 12; ++s)
-      for (int n = 0; n < w.nodes.numNodes; ++n)
-        if (n != w.nodes.nodeOf[s])
-          rowsTo[s * w.nodes.numNodes + n] = w.nodeSend[s].nodeTokens[n].size();
+      remoteNodeRows(w.nodes, s, w.nodeSend[s].nodeTokens, rowsTo.data() + s * w.nodes.numNodes);
     planBalance(Balance::Greedy, w.nodes, rowsTo, seed % 2 == 0, &bal,
                 static_cast<uint32_t>(seed * 16));
     nodeSegmentsInto(w.nodes, bal, &reused);

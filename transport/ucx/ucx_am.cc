@@ -116,14 +116,15 @@ fuscoResult_t peerError(UcxComm* c, int peer) {
 
 // Sends the cumulative release count to peer p if it changed and no credit is in flight.
 void pumpCredit(UcxComm* c, UcxPeer& p) {
-  if (!reapSend(c, static_cast<int>(&p - c->peers.data()), &p.creditReq)) return;
+  const int peer = static_cast<int>(&p - c->peers.data());
+  if (!reapSend(c, peer, &p.creditReq)) return;
   if (!p.creditDirty || p.ep == nullptr || p.failed) return;
   p.creditHdr = CreditHeader{c->commTag, p.consumed, c->rank, 0};
   p.creditDirty = false;
   ucp_request_param_t prm{};
   ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kAmCredit, &p.creditHdr, sizeof(p.creditHdr), nullptr,
                                        0, &prm);
-  if (UCS_PTR_IS_ERR(r)) return markFailed(c, static_cast<int>(&p - c->peers.data()), UCS_PTR_STATUS(r));
+  if (UCS_PTR_IS_ERR(r)) return markFailed(c, peer, UCS_PTR_STATUS(r));
   p.creditReq = r;
 }
 

@@ -82,6 +82,7 @@ struct UcxPeer {
   std::vector<char> sendSlots;  // depth x chunkBytes
   std::vector<DataHeader> sendHdr;
   std::vector<void*> sendReq;  // per slot: send in flight
+  bool sendFailed = false;     // a data send completed with an error (sticky: the peer is failed)
   uint64_t posted = 0;
   uint64_t credited = 0;  // messages the receiver has released
   bool acquired = false;
@@ -124,7 +125,8 @@ fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr
 // Polls a request: true when it is done (then freed, *st its status); false while in flight.
 bool requestDone(void* req, ucs_status_t* st);
 // Polls the send request *req to peer (nullptr: none): false while it runs; once done, clears
-// *req, marks the peer failed if the send failed (and then sets *failed), and returns true.
+// *req, marks the peer failed if the send failed (and then sets *failed, which stays set), and
+// returns true.
 bool reapSend(UcxComm* c, int peer, void** req, bool* failed = nullptr);
 // Closes endpoints (bounded flush), frees requests, destroys workers and contexts.
 void teardown(UcxComm* c);

@@ -176,7 +176,7 @@ fuscoResult_t ucxSendAcquire(TransportComm* tc, int peer, void** buf, size_t* ca
   if (p->failed || p->aborted || p->posted - p->credited >= static_cast<uint64_t>(c->depth))
     return fuscoSuccess;
   size_t slot = p->posted % c->depth;
-  if (!ucx::reapSend(c, peer, &p->sendReq[slot]) || p->failed) return fuscoSuccess;
+  if (!ucx::reapSend(c, peer, &p->sendReq[slot], &p->sendFailed) || p->failed) return fuscoSuccess;
   p->acquired = true;
   *buf = p->sendSlots.data() + slot * c->chunkBytes;
   return fuscoSuccess;
@@ -314,13 +314,14 @@ bool ucxSendsInFlight(TransportComm* tc, int peer) {
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) return false;
   // No progress here: the engine steps the transports whenever a wait makes none.
   std::lock_guard<std::mutex> lock(c->mu);
-  // A send that has not completed, or one that completed with an error, keeps the pair pending:
-  // the engine's liveness check then returns checkPeer's error instead of success. Sends that
-  // completed cleanly count as delivered even if the peer failed (exited) afterwards.
-  bool failed = false;
-  for (void*& q : c->peers[peer].sendReq)
-    if (!ucx::reapSend(c, peer, &q, &failed)) return true;
-  return failed;
+  // A send that has not completed, or one that completed with an error (now or on an earlier
+  // call: the flag is sticky), keeps the pair pending: the engine's liveness check then returns
+  // checkPeer's error instead of success. Sends that completed cleanly count as delivered even if
+  // the peer failed (exited) afterwards.
+  UcxPeer& p = c->peers[peer];
+  for (void*& q : p.sendReq)
+    if (!ucx::reapSend(c, peer, &q, &p.sendFailed)) return true;
+  return p.sendFailed;
 }
 
 void ucxClose(TransportComm* tc) {
