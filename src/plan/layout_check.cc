@@ -62,4 +62,20 @@ bool checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, std::str
   return false;
 }
 
+bool checkRowIndices(const int64_t* rows, size_t nrows, bool unique, const char* fn,
+                     std::string* msg) {
+  for (size_t i = 0; i < nrows; ++i) {
+    if (rows[i] >= 0) continue;
+    *msg = format("%s: rowIdx[%zu] = %lld is negative", fn, i, static_cast<long long>(rows[i]));
+    return false;
+  }
+  if (!unique || nrows < 2) return true;
+  std::vector<int64_t> sorted(rows, rows + nrows);
+  std::sort(sorted.begin(), sorted.end());
+  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup == sorted.end()) return true;
+  *msg = format("%s: receive row %lld appears more than once", fn, static_cast<long long>(*dup));
+  return false;
+}
+
 }  // namespace fusco

@@ -19,4 +19,9 @@ bool splitLayoutRows(const size_t counts[], const int64_t* rows, int n, const ch
 // Checks that no receive row appears twice across all peers. false with *msg set otherwise.
 bool checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, std::string* msg);
 
+// The row indices of one gather or scatter call (fuscoGatherSend / fuscoScatterRecv): none
+// negative and, for a receive (unique), none repeated. fn names the call in *msg.
+bool checkRowIndices(const int64_t* rows, size_t nrows, bool unique, const char* fn,
+                     std::string* msg);
+
 }  // namespace fusco
