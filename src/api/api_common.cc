@@ -58,20 +58,23 @@ void noteResult(fuscoComm_t comm, fuscoResult_t r) {
   comm->impl->lastError = threadLastError();
 }
 
-size_t dataTypeSize(const fuscoDataType_t& type) {
-  switch (rawEnum(type)) {
-    case fuscoInt8: case fuscoUint8: case fuscoFloat8e4m3: case fuscoFloat8e5m2: return 1;
-    case fuscoFloat16: case fuscoBfloat16: return 2;
-    case fuscoInt32: case fuscoUint32: case fuscoFloat32: return 4;
-    case fuscoInt64: case fuscoUint64: case fuscoFloat64: return 8;
-    default: return 0;
-  }
+fuscoResult_t injectFault(fuscoComm_t comm, FaultPhase phase) {
+  Communicator& c = *comm->impl;
+  return faultPoint(phase, c.rank(), [&](const char* w) { c.markBroken(fuscoRemoteError, w); });
 }
 
-void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what, ArgCheck* a) {
+void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a) {
+  if (comm->impl->memType() == fuscoMemHost && stream != nullptr)
+    a->fail("%s: stream must be NULL for a host-memory communicator", fn);
+}
+
+void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what,
+                    ArgCheck* a) {
   if (p == nullptr || a->status != fuscoSuccess || !isCudaComm(comm)) return;
   if (!cudaIsDevicePointer(p))
-    a->fail("%s: %s (%p) is not CUDA device memory; a fuscoMemCuda communicator takes device buffers", fn, what, p);
+    a->fail(
+        "%s: %s (%p) is not CUDA device memory; a fuscoMemCuda communicator takes device buffers",
+        fn, what, p);
 }
 
 }  // namespace fusco
@@ -81,7 +84,8 @@ using namespace fusco;
 extern "C" {
 
 fuscoResult_t fuscoGetVersion(int* version) {
-  if (version == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoGetVersion: version is NULL");
+  if (version == nullptr)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoGetVersion: version is NULL");
   *version = FUSCO_VERSION_CODE;
   return fuscoSuccess;
 }
@@ -94,9 +98,12 @@ const char* fuscoGetLastError(fuscoComm_t comm) {
 }
 
 fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes) {
-  if (bytes == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: bytes is NULL");
+  if (bytes == nullptr)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: bytes is NULL");
   size_t s = dataTypeSize(datatype);
-  if (s == 0) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: invalid datatype %d", rawEnum(datatype));
+  if (s == 0)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoDataTypeSize: invalid datatype %d",
+                      rawEnum(datatype));
   *bytes = s;
   return fuscoSuccess;
 }

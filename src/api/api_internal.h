@@ -2,13 +2,13 @@
 // and the guard that turns every C++ exception into a result code plus a last-error message.
 #pragma once
 
-#include <cstdarg>
-#include <cstring>
-#include <cstdio>
 #include <memory>
 #include <new>
 #include <string>
 
+#include "core/arg_check.h"
+#include "core/datatype.h"
+#include "core/fault.h"
 #include "core/result.h"
 #include "engine/communicator.h"
 #include "fusco.h"
@@ -40,7 +40,9 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
   struct Pin {
     fuscoComm_t c;
     explicit Pin(fuscoComm_t comm) : c(comm != nullptr && pinComm(comm) ? comm : nullptr) {}
-    ~Pin() { if (c) unpinComm(c); }
+    ~Pin() {
+      if (c) unpinComm(c);
+    }
   } pin(comm);
   try {
     r = body();
@@ -55,38 +57,13 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
   return r;
 }
 
-// An argument problem found on this rank. It is recorded in the engine Op and reported after
-// the call's first exchange, so peers learn about it instead of waiting.
-struct ArgCheck {
-  fuscoResult_t status = fuscoSuccess;
-  std::string message;
-  void fail(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
-    if (status != fuscoSuccess) return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    status = fuscoInvalidArgument;
-    message = buf;
-  }
-};
-
-// The integer a C caller passed for an enum parameter. C allows any int there; reading it as the
-// C++ enum type could be undefined when it is out of range, so every check goes through this.
-inline int rawEnum(const fuscoDataType_t& t) {
-  int v;
-  static_assert(sizeof(v) == sizeof(t), "fuscoDataType_t is int-sized");
-  memcpy(&v, &t, sizeof(v));
-  return v;
-}
-
 // fuscoMemCuda comms take device buffers: a non-NULL pointer the GPU cannot use (host memory)
 // fails the check with a message naming the argument. Host comms: nothing to check.
 void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what, ArgCheck* a);
+// A fault injected at this phase (FUSCO_FAULT) breaks the comm as a dead peer would.
+fuscoResult_t injectFault(fuscoComm_t comm, FaultPhase phase);
+// A host comm takes stream = NULL: anything else fails the check with a message naming fn.
+void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a);
 inline bool isCudaComm(fuscoComm_t comm) { return comm->impl->memType() == fuscoMemCuda; }
-
-// Element size of a datatype, or 0 if it is not one.
-size_t dataTypeSize(const fuscoDataType_t& t);
 
 }  // namespace fusco

@@ -19,7 +19,8 @@ fuscoResult_t optionsFromConfig(const fuscoConfig_t* config, CommOptions* o) {
                       config->size, config->magic, config->version, sizeof(fuscoConfig_t),
                       FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION);
   if (config->memType != fuscoMemHost && config->memType != fuscoMemCuda)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "config.memType %d is not a memory type", (int)config->memType);
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "config.memType %d is not a memory type",
+                      (int)config->memType);
   if (config->timeoutMs < 0 || config->localSize < 0 || config->pipelineDepth < 0)
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                       "config: timeoutMs (%d), localSize (%d) and pipelineDepth (%d) must be >= 0",
@@ -38,16 +39,19 @@ fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, i
                        const fuscoConfig_t* config) {
   paramsReload();
   logConfigure();
-  if (comm == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: comm is NULL");
+  if (comm == nullptr)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: comm is NULL");
   if (nranks <= 0)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: nranks %d must be > 0", nranks);
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: nranks %d must be > 0",
+                      nranks);
   CommOptions opts;
   FUSCO_CHECK(optionsFromConfig(config, &opts));
   FUSCO_CHECK(bootstrapCheckId(id));
   if (opts.memType == fuscoMemCuda && !cudaBuilt())
-    return FUSCO_FAIL(fuscoInvalidUsage, kApi,
-                      "fuscoCommInitRank: fuscoMemCuda communicators need the CUDA path, which this "
-                      "build does not have");
+    return FUSCO_FAIL(
+        fuscoInvalidUsage, kApi,
+        "fuscoCommInitRank: fuscoMemCuda communicators need the CUDA path, which this "
+        "build does not have");
   logSetRank(rank);
   std::unique_ptr<Communicator> impl;
   FUSCO_CHECK(Communicator::create(id, nranks, rank, opts, &impl));
@@ -65,13 +69,15 @@ extern "C" {
 fuscoResult_t fuscoGetUniqueId(fuscoUniqueId* id) {
   return guarded(nullptr, "fuscoGetUniqueId", [&]() -> fuscoResult_t {
     paramsReload();
-    if (id == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoGetUniqueId: id is NULL");
+    if (id == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoGetUniqueId: id is NULL");
     return bootstrapCreateId(id);
   });
 }
 
 fuscoResult_t fuscoCommInitRank(fuscoComm_t* comm, int nranks, fuscoUniqueId id, int rank) {
-  return guarded(nullptr, "fuscoCommInitRank", [&] { return initRank(comm, nranks, id, rank, nullptr); });
+  return guarded(nullptr, "fuscoCommInitRank",
+                 [&] { return initRank(comm, nranks, id, rank, nullptr); });
 }
 
 fuscoResult_t fuscoCommInitRankConfig(fuscoComm_t* comm, int nranks, fuscoUniqueId id, int rank,
@@ -106,7 +112,8 @@ fuscoResult_t fuscoCommAbort(fuscoComm_t comm) {
 fuscoResult_t fuscoCommCount(const fuscoComm_t comm, int* count) {
   return guarded(comm, "fuscoCommCount", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommCount"));
-    if (count == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommCount: count is NULL");
+    if (count == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommCount: count is NULL");
     *count = comm->impl->nranks();
     return fuscoSuccess;
   });
@@ -115,7 +122,8 @@ fuscoResult_t fuscoCommCount(const fuscoComm_t comm, int* count) {
 fuscoResult_t fuscoCommUserRank(const fuscoComm_t comm, int* rank) {
   return guarded(comm, "fuscoCommUserRank", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommUserRank"));
-    if (rank == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommUserRank: rank is NULL");
+    if (rank == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommUserRank: rank is NULL");
     *rank = comm->impl->rank();
     return fuscoSuccess;
   });
@@ -168,9 +176,10 @@ fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void
   return guarded(comm, "fuscoCommRegister", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommRegister"));
     if (buff == nullptr || handle == nullptr || bytes == 0)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                        "fuscoCommRegister: buff (%p) and handle must be non-NULL and bytes (%zu) > 0",
-                        buff, bytes);
+      return FUSCO_FAIL(
+          fuscoInvalidArgument, kApi,
+          "fuscoCommRegister: buff (%p) and handle must be non-NULL and bytes (%zu) > 0", buff,
+          bytes);
     FUSCO_CHECK(comm->impl->memRegister(buff, bytes));
     // The handle is a heap cell so it stays unique even for equal ranges.
     void* h = new char;
@@ -186,7 +195,8 @@ fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle) {
     auto& regs = comm->impl->registrations;
     auto it = regs.find(handle);
     if (it == regs.end())
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommDeregister: %p is not a registration of this comm", handle);
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoCommDeregister: %p is not a registration of this comm", handle);
     void* buff = it->second.first;
     regs.erase(it);
     delete static_cast<char*>(handle);

@@ -1,188 +1,125 @@
-// MoE dispatch and combine on top of the planner (plan/) and the engine.
-//
-// fuscoMoePlan exchanges the per-row metadata once (sizes, then metadata) and keeps both plans in
-// the handle. Dispatch is one engine operation: rows gathered from x by token index, scattered
-// (and replicated per local expert) straight into their final expert-major rows. Combine ships
-// the routing weights to the expert side, reduces each received row's expert outputs there
-// (k order) into one partial per (token, rank), sends the partials back, and sums them over the
-// ranks of a node and then over nodes, always in the same order (API.md's fixed tree).
-#include <cstring>
-#include <vector>
+// The MoE entry points: check what this rank can see of its arguments, then hand the call to the
+// moe layer (src/moe/), which joins the collective even when a check failed so that peers fail
+// promptly (docs/API.md, "The collective error rule").
+#include <memory>
 
 #include "api/api_internal.h"
-#include "api/moe_handle.h"
-#include "core/fault.h"
-#include "core/params.h"
-#include "device/cuda_rt.h"
-#include "device/reduce.h"
-#include "engine/engine.h"
+#include "moe/moe.h"
+
+struct fuscoMoeHandle {
+  fuscoComm_t comm = nullptr;
+  fusco::MoeHandle impl;
+};
 
 using namespace fusco;
 
 namespace {
 
-fuscoResult_t checkMoeConfig(const fuscoMoeConfig_t* cfg, ArgCheck* a) {
-  if (cfg == nullptr) {
-    a->fail("fuscoMoePlan: config is NULL");
-    return fuscoSuccess;
-  }
+void checkMoeConfig(const fuscoMoeConfig_t* cfg, ArgCheck* a) {
+  if (cfg == nullptr) return a->fail("fuscoMoePlan: config is NULL");
   if (cfg->size != sizeof(fuscoMoeConfig_t) || cfg->magic != FUSCO_MOE_CONFIG_MAGIC ||
-      cfg->version != FUSCO_MOE_CONFIG_VERSION) {
-    a->fail("fuscoMoePlan: config has size %zu, magic 0x%x, version %u; expected %zu, 0x%x, %u "
-            "(initialize it with FUSCO_MOE_CONFIG_INITIALIZER)",
-            cfg->size, cfg->magic, cfg->version, sizeof(fuscoMoeConfig_t), FUSCO_MOE_CONFIG_MAGIC,
-            FUSCO_MOE_CONFIG_VERSION);
-    return fuscoSuccess;
-  }
+      cfg->version != FUSCO_MOE_CONFIG_VERSION)
+    return a->fail(
+        "fuscoMoePlan: config has size %zu, magic 0x%x, version %u; expected %zu, 0x%x, %u "
+        "(initialize it with FUSCO_MOE_CONFIG_INITIALIZER)",
+        cfg->size, cfg->magic, cfg->version, sizeof(fuscoMoeConfig_t), FUSCO_MOE_CONFIG_MAGIC,
+        FUSCO_MOE_CONFIG_VERSION);
   if (cfg->dedup < FUSCO_DEDUP_AUTO || cfg->dedup > FUSCO_DEDUP_NODE)
     a->fail("fuscoMoePlan: config.dedup %d is not a FUSCO_DEDUP_* value", cfg->dedup);
   if (cfg->balance < FUSCO_BALANCE_AUTO || cfg->balance > FUSCO_BALANCE_GREEDY)
     a->fail("fuscoMoePlan: config.balance %d is not a FUSCO_BALANCE_* value", cfg->balance);
   if (cfg->expertAlignment < 0)
     a->fail("fuscoMoePlan: config.expertAlignment %d must be >= 0", cfg->expertAlignment);
-  return fuscoSuccess;
 }
 
-// The dedup mode a plan uses. NODE on a single node moves exactly what RANK moves, so it is RANK
-// there; AUTO is NODE across nodes.
-Dedup chooseDedup(int requested, int numNodes) {
-  if (requested == FUSCO_DEDUP_NONE) return Dedup::None;
-  if (requested == FUSCO_DEDUP_RANK || numNodes <= 1) return Dedup::Rank;
-  return Dedup::Node;
+ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size_t rowBytes,
+                       void* recvX, void* stream) {
+  ArgCheck a;
+  checkStream(comm, stream, "fuscoMoeDispatch", &a);
+  if (rowBytes == 0) a.fail("fuscoMoeDispatch: rowBytes is 0");
+  if (x == nullptr && h.rowsToSend() > 0)
+    a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", h.rowsToSend());
+  if (recvX == nullptr && h.recv.numRecvRows > 0)
+    a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", h.recv.numRecvRows);
+  checkDevicePtr(comm, x, "fuscoMoeDispatch", "x", &a);
+  checkDevicePtr(comm, recvX, "fuscoMoeDispatch", "recvX", &a);
+  return a;
 }
 
-// A plan-time exchange of plain host buffers: sends[p] to rank p, recvs[p] from it.
-fuscoResult_t exchange(fuscoComm_t comm, const char* name, const ArgCheck& a,
-                       const std::vector<RowStream>& sends, const std::vector<RowStream>& recvs) {
-  std::vector<PeerWork> work(sends.size());
-  for (size_t p = 0; p < work.size(); ++p) {
-    work[p].sends.push_back(sends[p]);
-    work[p].recvs.push_back(recvs[p]);
-  }
-  return runMoeOp(comm, name, a, work);
-}
-
-}  // namespace
-
-// Sizes first, then the words themselves.
-fuscoResult_t fusco::exchangeWords(fuscoComm_t comm, const char* name, const ArgCheck& a,
-                                   const std::vector<std::vector<int32_t>>& out,
-                                   std::vector<std::vector<int32_t>>* in) {
-  int n = comm->impl->nranks();
-  std::vector<uint64_t> mySizes(n, 0), theirSizes(n, 0);
-  std::vector<RowStream> s(n), r(n);
-  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-    mySizes[p] = out[p].size();
-    s[p] = RowStream::flat(&mySizes[p], sizeof(uint64_t));
-    r[p] = RowStream::flat(&theirSizes[p], sizeof(uint64_t));
-  }
-  FUSCO_CHECK(exchange(comm, name, a, s, r));
-  in->assign(n, {});
-  for (int p = 0; p < n; ++p) {
-    if (theirSizes[p] > kMaxPlanWords)
-      return FUSCO_FAIL(fuscoRemoteError, kPlan, "%s: rank %d announced %llu words", name, p,
-                        static_cast<unsigned long long>(theirSizes[p]));
-    (*in)[p].resize(theirSizes[p]);
-    s[p] = RowStream::flat(out[p].data(), out[p].size() * sizeof(int32_t));
-    r[p] = RowStream::flat((*in)[p].data(), theirSizes[p] * sizeof(int32_t));
-  }
-  return exchange(comm, name, a, s, r);
-}
-
-namespace {
-
-// Each receiver tells each source where that source's rows land (its fan rows), so dispatch can
-// write the final rows directly when the receiver's buffer is reachable.
-fuscoResult_t exchangeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a) {
-  if (h.dedup == Dedup::Node) return exchangeNodeFanRows(comm, h, a);
-  int n = comm->impl->nranks();
-  std::vector<RowStream> s(n), r(n);
-  h.remoteFanRows.assign(n, {});
-  for (int p = 0; p < n; ++p) {
-    s[p] = RowStream::flat(h.recv.fanRows[p].data(), h.recv.fanRows[p].size() * sizeof(int64_t));
-    h.remoteFanRows[p].resize(h.send.kSlots[p].size());
-    r[p] = RowStream::flat(h.remoteFanRows[p].data(), h.remoteFanRows[p].size() * sizeof(int64_t));
-  }
-  return exchange(comm, "fuscoMoePlan (fan rows)", a, s, r);
-}
-
-// Index of weight (t, k) for every fan-out entry of every row sent to each rank.
-void buildWeightIndex(fuscoMoeHandle& h) {
-  int n = h.shape.nranks;
-  h.weightIdx.assign(n, {});
-  for (int r = 0; r < n; ++r) {
-    const auto& rows = h.send.rows[r];
-    auto& w = h.weightIdx[r];
-    w.reserve(h.send.kSlots[r].size());
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (uint32_t j = h.send.kStart[r][i]; j < h.send.kStart[r][i + 1]; ++j)
-        w.push_back(rows[i] * h.topk + h.send.kSlots[r][j]);
-  }
+ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOut, int dt,
+                      size_t hidden, const float* topkWeights, void* out, void* stream) {
+  ArgCheck a;
+  checkStream(comm, stream, "fuscoMoeCombine", &a);
+  if (dt != fuscoFloat32 && dt != fuscoBfloat16 && dt != fuscoFloat16)
+    a.fail("fuscoMoeCombine: datatype %d is not fuscoFloat32, fuscoBfloat16 or fuscoFloat16", dt);
+  if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
+  if (expertOut == nullptr && h.recv.numRecvRows > 0)
+    a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", h.recv.numRecvRows);
+  if (out == nullptr && h.numTokens > 0)
+    a.fail("fuscoMoeCombine: out is NULL with %zu tokens", h.numTokens);
+  checkDevicePtr(comm, expertOut, "fuscoMoeCombine", "expertOut", &a);
+  checkDevicePtr(comm, topkWeights, "fuscoMoeCombine", "topkWeights", &a);
+  checkDevicePtr(comm, out, "fuscoMoeCombine", "out", &a);
+  return a;
 }
 
 }  // namespace
 
 extern "C" {
 
-fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fuscoMoeConfig_t* config,
-                           const int64_t* topkIdx, size_t numTokens, int topk, void* stream) {
+fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
+                           const fuscoMoeConfig_t* config, const int64_t* topkIdx, size_t numTokens,
+                           int topk, void* stream) {
   return guarded(comm, "fuscoMoePlan", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoMoePlan"));
-    Communicator& c = *comm->impl;
-    FUSCO_CHECK(faultPoint(FaultPhase::Plan, c.rank(), [&](const char* w) { c.markBroken(fuscoRemoteError, w); }));
+    FUSCO_CHECK(injectFault(comm, FaultPhase::Plan));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
     h->comm = comm;
-    h->numTokens = numTokens;
-    h->topk = topk;
+    h->impl.comm = comm->impl.get();
+    h->impl.numTokens = numTokens;
+    h->impl.topk = topk;
     ArgCheck a;
     if (handle == nullptr) a.fail("fuscoMoePlan: handle is NULL");
-    if (c.memType() == fuscoMemHost && stream != nullptr)
-      a.fail("fuscoMoePlan: stream must be NULL for a host-memory communicator");
+    checkStream(comm, stream, "fuscoMoePlan", &a);
     checkMoeConfig(config, &a);
-    if (numTokens > 0 && topkIdx == nullptr) a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
+    if (numTokens > 0 && topkIdx == nullptr)
+      a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
     checkDevicePtr(comm, topkIdx, "fuscoMoePlan", "topkIdx", &a);
-    // A CUDA comm's routing is on the device: the plan's one host synchronization brings it here.
-    if (isCudaComm(comm) && a.status == fuscoSuccess && numTokens > 0 && topk <= 0)
-      a.fail("fuscoMoePlan: topk %d must be > 0", topk);
-    if (isCudaComm(comm) && a.status == fuscoSuccess && numTokens > 0) {
-      FUSCO_CHECK(c.useDevice());
-      h->topkIdx.resize(numTokens * static_cast<size_t>(topk));
-      if (cudaCopyToHostSync(h->topkIdx.data(), topkIdx, h->topkIdx.size() * sizeof(int64_t), stream) != fuscoSuccess)
-        a.fail("fuscoMoePlan: reading topkIdx: %s", threadLastError().c_str());
-      topkIdx = h->topkIdx.data();
-    }
-    if (a.status == fuscoSuccess) {
-      h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
-      if (buildMoeShape(c.nranks(), config->numExperts, config->expertToRank,
-                        config->expertAlignment, &h->shape) != fuscoSuccess)
-        a.fail("%s", threadLastError().c_str());
-    }
-    if (a.status == fuscoSuccess && validateTopk(h->shape, topkIdx, numTokens, topk) != fuscoSuccess)
-      a.fail("%s", threadLastError().c_str());
-    const bool node = a.status == fuscoSuccess && h->dedup == Dedup::Node;
-    if (a.status == fuscoSuccess)
-      h->send = planSend(h->shape, c.rank(), topkIdx, numTokens, topk, node ? Dedup::Rank : h->dedup);
-    std::vector<std::vector<int32_t>> metaFrom;
-    // A receive plan that fails (malformed metadata) still takes part in the last exchange, so
-    // the other ranks fail promptly too.
-    ArgCheck b;
-    if (node) FUSCO_CHECK(planNodeDedup(comm, *h, a, config->balance, &metaFrom, &b));
-    else FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", a, h->send.meta, &metaFrom));
-    if (b.status != fuscoSuccess || planRecv(h->shape, c.rank(), metaFrom, &h->recv) != fuscoSuccess) {
-      if (b.status == fuscoSuccess) b.message = threadLastError();
-      b.status = fuscoRemoteError;
-      h->recv = MoeRecvPlan();
-      h->recv.fanStart.assign(c.nranks(), {});
-      h->recv.fanRows.assign(c.nranks(), {});
-    }
-    FUSCO_CHECK(exchangeFanRows(comm, *h, b));
-    buildWeightIndex(*h);
-    if (topkIdx != nullptr && topkIdx != h->topkIdx.data()) h->topkIdx.assign(topkIdx, topkIdx + numTokens * topk);
-    if (isCudaComm(comm)) FUSCO_CHECK(uploadMoePlan(*h, stream));
-    if (paramInt("FUSCO_PLAN_TRACE") != 0)
-      fprintf(stderr, "%s\n", describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
+    FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
     *handle = h.release();
     return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
+                               void* stream) {
+  fuscoComm_t comm = handle ? handle->comm : nullptr;
+  return guarded(comm, "fuscoMoeDispatch", [&]() -> fuscoResult_t {
+    if (handle == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeDispatch: handle is NULL");
+    FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
+    FUSCO_CHECK(injectFault(comm, FaultPhase::Dispatch));
+    MoeHandle& h = handle->impl;
+    const ArgCheck a = checkDispatch(comm, h, x, rowBytes, recvX, stream);
+    return moeDispatch(h, x, rowBytes, recvX, a, stream);
+  });
+}
+
+fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
+                              fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
+                              void* out, void* stream) {
+  fuscoComm_t comm = handle ? handle->comm : nullptr;
+  return guarded(comm, "fuscoMoeCombine", [&]() -> fuscoResult_t {
+    if (handle == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeCombine: handle is NULL");
+    FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
+    FUSCO_CHECK(injectFault(comm, FaultPhase::Combine));
+    MoeHandle& h = handle->impl;
+    const int dt = rawEnum(datatype);
+    const ArgCheck a = checkCombine(comm, h, expertOut, dt, hidden, topkWeights, out, stream);
+    // Only a validated value is used as the enum (any int is legal from C).
+    const fuscoDataType_t type = a.ok() ? static_cast<fuscoDataType_t>(dt) : fuscoFloat32;
+    return moeCombine(h, expertOut, type, hidden, topkWeights, out, a, stream);
   });
 }
 
@@ -190,11 +127,13 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
                                     int64_t* tokensPerLocalExpert) {
   return guarded(nullptr, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
     if (handle == nullptr || numRecvRows == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: handle and numRecvRows must be non-NULL");
-    *numRecvRows = handle->recv.numRecvRows;
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoMoeGetRecvCounts: handle and numRecvRows must be non-NULL");
+    const MoeRecvPlan& recv = handle->impl.recv;
+    *numRecvRows = recv.numRecvRows;
     if (tokensPerLocalExpert != nullptr)
-      for (size_t e = 0; e < handle->recv.tokensPerLocalExpert.size(); ++e)
-        tokensPerLocalExpert[e] = handle->recv.tokensPerLocalExpert[e];
+      for (size_t e = 0; e < recv.tokensPerLocalExpert.size(); ++e)
+        tokensPerLocalExpert[e] = recv.tokensPerLocalExpert[e];
     return fuscoSuccess;
   });
 }
@@ -202,11 +141,13 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
 fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) {
   return guarded(nullptr, "fuscoMoeGetStats", [&]() -> fuscoResult_t {
     if (handle == nullptr || stats == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetStats: handle and stats must be non-NULL");
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoMoeGetStats: handle and stats must be non-NULL");
     if (stats->size != sizeof(fuscoMoeStats_t))
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetStats: stats->size is %zu, expected %zu",
-                        stats->size, sizeof(fuscoMoeStats_t));
-    *stats = handle->stats;
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoMoeGetStats: stats->size is %zu, expected %zu", stats->size,
+                        sizeof(fuscoMoeStats_t));
+    *stats = handle->impl.stats;
     stats->size = sizeof(fuscoMoeStats_t);
     return fuscoSuccess;
   });
@@ -214,7 +155,8 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
   return guarded(nullptr, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
-    if (handle == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeHandleDestroy: handle is NULL");
+    if (handle == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeHandleDestroy: handle is NULL");
     delete handle;
     return fuscoSuccess;
   });

@@ -5,30 +5,30 @@
 #include <cstdio>
 #include <vector>
 
-#include "api/moe_handle.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "engine/engine.h"
+#include "moe/moe_exec.h"
 
 namespace fusco {
 
 namespace {
 
-constexpr int64_t kMaxSlack = 1 << 20;         // FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound
+constexpr int64_t kMaxSlack = 1 << 20;  // FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound
 
 // Every rank's words (all[s * words + i]), from each rank's own `mine` (the same length on every
 // rank: the node count and two settings).
-fuscoResult_t gatherNodeCounts(fuscoComm_t comm, const ArgCheck& a,
+fuscoResult_t gatherNodeCounts(Communicator& c, const ArgCheck& a,
                                const std::vector<uint64_t>& mine, std::vector<uint64_t>* all) {
-  const int n = comm->impl->nranks();
+  const int n = c.nranks();
   const size_t nn = mine.size();
   all->assign(static_cast<size_t>(n) * nn, 0);
   std::vector<PeerWork> work(n);
-  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+  for (int p = 0; p < n && a.ok(); ++p) {
     work[p].sends.push_back(RowStream::flat(mine.data(), nn * sizeof(uint64_t)));
     work[p].recvs.push_back(RowStream::flat(all->data() + p * nn, nn * sizeof(uint64_t)));
   }
-  return runMoeOp(comm, "fuscoMoePlan (node counts)", a, work);
+  return runMoeOp(c, "fuscoMoePlan (node counts)", a, work);
 }
 
 Balance balanceMode(int requested) {
@@ -43,12 +43,12 @@ Balance balanceMode(int requested) {
 }
 
 // The routes every rank computes alike from the all-gathered counts (rowsTo), logged.
-void planNodeRoutes(fuscoComm_t comm, fuscoMoeHandle::NodeState& st, const std::vector<uint64_t>& rowsTo,
-                    uint32_t slack) {
-  const NodeMap& nodes = comm->impl->nodes();
+void planNodeRoutes(const Communicator& c, MoeHandle::NodeState& st,
+                    const std::vector<uint64_t>& rowsTo, uint32_t slack) {
+  const NodeMap& nodes = c.nodes();
   planBalance(st.balance, nodes, rowsTo, st.balance == Balance::Greedy, &st.plan, slack);
   nodeSegmentsInto(nodes, st.plan, &st.segs);
-  if (comm->impl->rank() == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
+  if (c.rank() == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
     FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
                describeBalance(st.balance, st.plan).c_str());
   if (logEnabled(LogLevel::Trace, kPlan))
@@ -60,11 +60,72 @@ void planNodeRoutes(fuscoComm_t comm, fuscoMoeHandle::NodeState& st, const std::
           static_cast<unsigned long long>(g.rows));
 }
 
+// Every rank's counts per node (rowsTo[s * numNodes + k]) and the check that every rank balances
+// with the same settings and sent sane counts; a disagreement fails *agreed on every rank.
+fuscoResult_t agreeNodeCounts(Communicator& c, const MoeHandle& h, const ArgCheck& a,
+                              uint32_t slack, std::vector<uint64_t>* rowsTo, ArgCheck* agreed) {
+  const NodeMap& nodes = c.nodes();
+  const int n = c.nranks();
+  const size_t nn = nodes.numNodes, words = nn + 2;
+  std::vector<uint64_t> mine(words, 0), all;
+  mine[nn] = static_cast<uint64_t>(h.node.balance), mine[nn + 1] = slack;
+  if (a.ok()) remoteNodeRows(nodes, c.rank(), h.node.send.nodeTokens, mine.data());
+  FUSCO_CHECK(gatherNodeCounts(c, a, mine, &all));
+  *agreed = a;
+  rowsTo->assign(static_cast<size_t>(n) * nn, 0);
+  auto modeName = [](uint64_t v) { return v <= 2 ? balanceName(static_cast<Balance>(v)) : "?"; };
+  for (int s = 0; s < n; ++s) {
+    const uint64_t* w = all.data() + s * words;
+    std::copy(w, w + nn, rowsTo->begin() + s * nn);
+    if (agreed->ok() && (w[nn] != mine[nn] || w[nn + 1] != mine[nn + 1]))
+      agreed->fail(
+          "fuscoMoePlan: rank %d balances NODE routes with mode %s slack %llu, this rank "
+          "with mode %s slack %llu (the config's balance and FUSCO_BALANCE_SLACK must "
+          "agree)",
+          s, modeName(w[nn]), static_cast<unsigned long long>(w[nn + 1]), modeName(mine[nn]),
+          static_cast<unsigned long long>(mine[nn + 1]));
+    for (size_t k = 0; k < nn && agreed->ok(); ++k)
+      if (w[k] > kMaxPlanWords)
+        agreed->fail("fuscoMoePlan: rank %d sent a count of %llu rows to node %zu", s,
+                     static_cast<unsigned long long>(w[k]), k);
+  }
+  return fuscoSuccess;
+}
+
+// The routes, this rank's node send plan and the segments it relays for peers of its node; the
+// words to send in step 2 (RANK metadata to this node, forward metadata to forwarders).
+void planNodeSendSide(const Communicator& c, MoeHandle& h, const std::vector<uint64_t>& rowsTo,
+                      uint32_t slack, std::vector<std::vector<int32_t>>* out) {
+  const NodeMap& nodes = c.nodes();
+  const int me = c.rank();
+  auto& st = h.node;
+  planNodeRoutes(c, st, rowsTo, slack);
+  planNodeSend(nodes, me, h.send, st.segs, &st.send);
+  // A relay is a rank of the source's node: only the segments of this node's ranks can name it.
+  st.relayed.clear();
+  for (int s : nodes.ranksOfNode[nodes.nodeOf[me]]) {
+    const auto [first, last] = segmentsOf(st.segs, s);
+    for (size_t i = first; i < last; ++i)
+      if (st.segs[i].relay == me && s != me) st.relayed.push_back(i);
+  }
+  for (int p = 0; p < c.nranks(); ++p)
+    (*out)[p] = nodes.sameNode(p, me) ? h.send.meta[p] : st.send.fwdMeta[p];
+}
+
+// A step that failed on a malformed peer message: recorded in *b, its output left empty.
+template <typename T>
+void noteMalformed(fuscoResult_t r, ArgCheck* b, T* out, T empty) {
+  if (r == fuscoSuccess) return;
+  b->status = fuscoRemoteError;
+  b->message = threadLastError();
+  *out = std::move(empty);
+}
+
 }  // namespace
 
-fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a, int balance,
+fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
                             std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b) {
-  Communicator& c = *comm->impl;
+  Communicator& c = *h.comm;
   const NodeMap& nodes = c.nodes();
   const int me = c.rank(), n = c.nranks();
   auto& st = h.node;
@@ -72,71 +133,35 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
   // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
   // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
-  const uint32_t slack = static_cast<uint32_t>(std::clamp<int64_t>(paramInt("FUSCO_BALANCE_SLACK"), 0, kMaxSlack));
-  // Every rank's counts, then the settings its routes depend on: every rank must plan the same.
-  const size_t nn = nodes.numNodes, words = nn + 2;
-  std::vector<uint64_t> mine(words, 0), all;
-  mine[nn] = static_cast<uint64_t>(st.balance), mine[nn + 1] = slack;
-  if (a.status == fuscoSuccess) {
-    nodeTokensOf(nodes, h.send, &st.send.nodeTokens);
-    remoteNodeRows(nodes, me, st.send.nodeTokens, mine.data());
-  }
-  FUSCO_CHECK(gatherNodeCounts(comm, a, mine, &all));
-  ArgCheck agreed = a;
-  std::vector<uint64_t> rowsTo(static_cast<size_t>(n) * nn);
-  auto modeName = [](uint64_t v) { return v <= 2 ? balanceName(static_cast<Balance>(v)) : "?"; };
-  for (int s = 0; s < n; ++s) {
-    const uint64_t* w = all.data() + s * words;
-    std::copy(w, w + nn, rowsTo.begin() + s * nn);
-    if (agreed.status == fuscoSuccess && (w[nn] != mine[nn] || w[nn + 1] != mine[nn + 1]))
-      agreed.fail("fuscoMoePlan: rank %d balances NODE routes with mode %s slack %llu, this rank with mode %s "
-                  "slack %llu (the config's balance and FUSCO_BALANCE_SLACK must agree)",
-                  s, modeName(w[nn]), static_cast<unsigned long long>(w[nn + 1]), modeName(mine[nn]),
-                  static_cast<unsigned long long>(mine[nn + 1]));
-    for (size_t k = 0; k < nn && agreed.status == fuscoSuccess; ++k)
-      if (w[k] > kMaxPlanWords) agreed.fail("fuscoMoePlan: rank %d sent a count of %llu rows to node %zu", s,
-                                            static_cast<unsigned long long>(w[k]), k);
-  }
+  const uint32_t slack =
+      static_cast<uint32_t>(std::clamp<int64_t>(paramInt("FUSCO_BALANCE_SLACK"), 0, kMaxSlack));
+  // Step 1: every rank's counts, then the settings its routes depend on.
+  if (a.ok()) nodeTokensOf(nodes, h.send, &st.send.nodeTokens);
+  std::vector<uint64_t> rowsTo;
+  ArgCheck agreed;
+  FUSCO_CHECK(agreeNodeCounts(c, h, a, slack, &rowsTo, &agreed));
   // Step 2: the RANK metadata to the ranks of this node, the forward metadata to forwarders. A
   // plan that failed already sends nothing: the exchange only carries the failure.
   std::vector<std::vector<int32_t>> out(n), in;
-  if (agreed.status == fuscoSuccess) {
-    planNodeRoutes(comm, st, rowsTo, slack);
-    planNodeSend(nodes, me, h.send, st.segs, &st.send);
-    // A relay is a rank of the source's node: only the segments of this node's ranks can name it.
-    st.relayed.clear();
-    for (int s : nodes.ranksOfNode[nodes.nodeOf[me]]) {
-      const auto [first, last] = segmentsOf(st.segs, s);
-      for (size_t i = first; i < last; ++i)
-        if (st.segs[i].relay == me && s != me) st.relayed.push_back(i);
-    }
-    for (int p = 0; p < n; ++p) out[p] = nodes.sameNode(p, me) ? h.send.meta[p] : st.send.fwdMeta[p];
-  }
-  FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (metadata)", agreed, out, &in));
+  if (agreed.ok()) planNodeSendSide(c, h, rowsTo, slack, &out);
+  FUSCO_CHECK(exchangeWords(c, "fuscoMoePlan (metadata)", agreed, out, &in));
   // Step 3: what this rank forwards, told to each rank of its node.
-  if (planNodeForward(h.shape, nodes, me, st.segs, in, &st.fwd) != fuscoSuccess) {
-    b->status = fuscoRemoteError;
-    b->message = threadLastError();
-    st.fwd.clear();
-  }
+  noteMalformed(planNodeForward(h.shape, nodes, me, st.segs, in, &st.fwd), b, &st.fwd, {});
   std::vector<std::vector<int32_t>> blocksOut(n), blocksIn;
-  for (int p = 0; p < n && b->status == fuscoSuccess; ++p)
+  for (int p = 0; p < n && b->ok(); ++p)
     if (nodes.sameNode(p, me)) nodeBlocksFor(st.fwd, st.segs, nodes.localRankOf[p], &blocksOut[p]);
-  FUSCO_CHECK(exchangeWords(comm, "fuscoMoePlan (forwarded metadata)", *b, blocksOut, &blocksIn));
+  FUSCO_CHECK(exchangeWords(c, "fuscoMoePlan (forwarded metadata)", *b, blocksOut, &blocksIn));
   // Step 4: per source, the metadata RANK dedup would have sent.
   metaFrom->assign(n, {});
   for (int p = 0; p < n; ++p)
     if (nodes.sameNode(p, me)) (*metaFrom)[p] = std::move(in[p]);
-  if (planNodeReceive(nodes, me, st.segs, blocksIn, metaFrom, &st.inFrom) != fuscoSuccess) {
-    b->status = fuscoRemoteError;
-    b->message = threadLastError();
-    st.inFrom.assign(n, {});
-  }
+  noteMalformed(planNodeReceive(nodes, me, st.segs, blocksIn, metaFrom, &st.inFrom), b, &st.inFrom,
+                std::vector<std::vector<NodeInSeg>>(n));
   return fuscoSuccess;
 }
 
-fuscoResult_t exchangeNodeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck& a) {
-  Communicator& c = *comm->impl;
+fuscoResult_t exchangeNodeFanRows(MoeHandle& h, const ArgCheck& a) {
+  Communicator& c = *h.comm;
   const NodeMap& nodes = c.nodes();
   const int n = c.nranks(), me = c.rank();
   auto& st = h.node;
@@ -144,7 +169,7 @@ fuscoResult_t exchangeNodeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const Arg
   std::vector<std::vector<int64_t>> out(n), in(n);
   std::vector<PeerWork> work(n);
   h.remoteFanRows.assign(n, {});
-  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+  for (int p = 0; p < n && a.ok(); ++p) {
     if (!nodes.sameNode(p, me)) continue;  // rows from other nodes arrive through forwarders
     out[p] = h.recv.fanRows[p];
     for (const NodeInSeg& e : st.inFrom[p]) {
@@ -161,7 +186,7 @@ fuscoResult_t exchangeNodeFanRows(fuscoComm_t comm, fuscoMoeHandle& h, const Arg
     work[p].sends.push_back(RowStream::flat(out[p].data(), out[p].size() * sizeof(int64_t)));
     work[p].recvs.push_back(RowStream::flat(in[p].data(), in[p].size() * sizeof(int64_t)));
   }
-  FUSCO_CHECK(runMoeOp(comm, "fuscoMoePlan (fan rows)", a, work));
+  FUSCO_CHECK(runMoeOp(c, "fuscoMoePlan (fan rows)", a, work));
   // Split what each rank of this node sent: its RANK fan rows, then per forwarded segment.
   st.fwdFanStart.assign(nf * ls, {});
   st.fwdFanRows.assign(nf * ls, {});

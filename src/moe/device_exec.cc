@@ -1,0 +1,99 @@
+// fuscoMoeDispatch and fuscoMoeCombine on fuscoMemCuda comms: the same plan and the same engine
+// operations as on the host, with the plan's index lists on the device and the rows moved by
+// kernels (engine_device.h). Dispatch: one pass, source rows straight into the receivers' final
+// expert-major rows (replicated per local expert). Combine: one pull operation; each source's
+// kernel reads its tokens' rows straight from every rank's expert output (mapped through CUDA
+// IPC) and writes the weighted sum in the fixed order of API.md: one pass, no partials, no
+// landing area, and the routing weights never leave the source.
+#include <cstring>
+#include <vector>
+
+#include "core/datatype.h"
+#include "device/device_ops.h"
+#include "moe/moe_exec.h"
+
+namespace fusco {
+
+fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
+                             void* stream, std::vector<PeerWork>* work) {
+  Communicator& c = *h.comm;
+  const int n = c.nranks();
+  if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
+  if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
+  if (a.status == fuscoSuccess) {
+    for (int p = 0; p < n; ++p) {
+      const size_t rows = h.send.rows[p].size();
+      auto& w = (*work)[p];
+      w.sends.push_back(RowStream::indexed(x, rowBytes, h.dev.sendRows[p], rows));
+      w.remoteDst.push_back(
+          RowStream::fanOut(nullptr, rowBytes, h.dev.sendKStart[p], h.dev.remoteFanRows[p], rows));
+      RowStream r = RowStream::fanOut(recvX, rowBytes, h.dev.recvFanStart[p], h.dev.recvFanRows[p],
+                                      h.recv.rowsFrom(p));
+      r.layoutShared = true;
+      r.extent = h.recv.numRecvRows * rowBytes;
+      w.recvs.push_back(r);
+    }
+    joinFailure(
+        deviceZeroRows(recvX, rowBytes, h.dev.paddingRows, h.recv.paddingRows.size(), stream), &a);
+  }
+  return runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true);
+}
+
+fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                            const float* topkWeights, void* out, ArgCheck a, void* stream,
+                            std::vector<PeerWork>* workOut) {
+  Communicator& c = *h.comm;
+  const int n = c.nranks(), me = c.rank();
+  const size_t rowOut = hidden * dataTypeSize(dt);
+  if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
+  if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
+  // Peers read this rank's expert output in place when every one of them can map it (fuscoMemAlloc
+  // or registered), else a copy of it in the comm's scratch.
+  const size_t extent = h.recv.numRecvRows * rowOut;
+  const char* offered = static_cast<const char*>(expertOut);
+  bool mappable = true;
+  uint64_t token = 0;
+  for (int p = 0; p < n && mappable && extent > 0 && a.status == fuscoSuccess; ++p)
+    mappable = p == me || c.regionToken(p, expertOut, extent, &token);
+  if (a.status == fuscoSuccess && !mappable) {
+    char* copy = joinScratch(c, kExpertCopyScratch, extent, &a);
+    if (copy != nullptr)
+      joinFailure(deviceCopy({flatCopyTask(expertOut, copy, extent)}, stream), &a);
+    offered = copy;
+  }
+  // The sum kernel's table of the ranks' bases in the comm's scratch: allocated before any flag
+  // is posted, filled on the stream once the peers' buffers are mapped.
+  char* basesDev = joinScratch(c, kBasesScratch, n * sizeof(char*), &a);
+  // One pull operation: the message from p is the (t, k) rows this rank sent p, read by this
+  // rank's sum kernel in p's expert output.
+  std::vector<PeerWork>& work = *workOut;
+  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
+    RowStream s = RowStream::indexed(offered, rowOut, nullptr, h.recv.fanRows[p].size());
+    s.extent = extent;
+    work[p].sends.push_back(s);
+    work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.send.kSlots[p].size()));
+  }
+  auto sum = [&h, basesDev, n, dt, hidden, topkWeights, out](const std::vector<const char*>& bases,
+                                                             void* s) -> fuscoResult_t {
+    if (h.numTokens == 0) return fuscoSuccess;
+    const char** table = reinterpret_cast<const char**>(basesDev);
+    FUSCO_CHECK(deviceStorePointers(table, bases.data(), n, s));
+    DevFinalSum f;
+    f.bases = table;
+    f.basesAligned = true;
+    for (const char* b : bases)
+      f.basesAligned = f.basesAligned && (reinterpret_cast<uintptr_t>(b) & 15) == 0;
+    f.termStart = h.dev.termStart;
+    f.termRank = h.dev.termRank;
+    f.termRow = h.dev.termRow;
+    f.termWeight = h.dev.termWeight;
+    f.termLast = h.dev.termLast;
+    f.weights = topkWeights;
+    f.out = static_cast<char*>(out);
+    f.ntokens = h.numTokens;
+    return deviceFinalSum(dt, hidden, f, s);
+  };
+  return runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum);
+}
+
+}  // namespace fusco

@@ -1,0 +1,30 @@
+// MoE execution: the plan exchange, dispatch and combine for every dedup mode, on host and device
+// memory. The api layer checks what it can see locally and calls these; each joins the collective
+// even when `a` already failed, so no peer waits for this rank (docs/API.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/arg_check.h"
+#include "fusco.h"
+#include "moe/moe_handle.h"
+
+namespace fusco {
+
+// The dedup mode a plan uses. NODE on a single node moves exactly what RANK moves, so it is RANK
+// there; AUTO is NODE across nodes.
+Dedup chooseDedup(int requested, int numNodes);
+
+// fuscoMoePlan's collective part: shape, send plan, the metadata exchanges and the receive plan
+// into *h (h->comm, numTokens and topk set). config and topkIdx are read only when a is ok.
+fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
+                      ArgCheck a, MoeHandle* h);
+
+// Dispatch and combine (host or device by the comm's memory type); they update h.stats.
+fuscoResult_t moeDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX,
+                          const ArgCheck& a, void* stream);
+fuscoResult_t moeCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                         const float* topkWeights, void* out, const ArgCheck& a, void* stream);
+
+}  // namespace fusco

@@ -1,0 +1,68 @@
+// The algorithms behind moeDispatch and moeCombine, one file each (the moe layer's internals).
+#pragma once
+
+#include <vector>
+
+#include "core/arg_check.h"
+#include "engine/engine.h"
+#include "moe/moe_handle.h"
+#include "moe/moe_op.h"
+
+namespace fusco {
+
+// Host dispatch (dispatch_rank.cc: NONE and RANK; dispatch_node.cc: NODE). *work: the operation
+// this rank ran (its sends are the traffic it put on each path).
+fuscoResult_t hostDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX,
+                           const ArgCheck& a, MoeWork* work);
+fuscoResult_t hostDispatchNode(MoeHandle& h, const void* x, size_t rowBytes, void* recvX,
+                               ArgCheck a, MoeWork* work);
+// The direct (RANK) message of dispatch between this rank and p.
+void addRankDispatch(const MoeHandle& h, int p, const void* x, size_t rowBytes, void* recvX,
+                     MoeWork* work);
+// Zeroes the padding rows of recvX (expert alignment) on the host.
+void zeroPaddingRows(const MoeHandle& h, size_t rowBytes, void* recvX);
+
+// Host combine (combine_rank.cc: NONE and RANK; combine_node.cc: NODE). *work: the partial
+// rows' operation (what this rank sent back).
+fuscoResult_t hostCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                          const float* topkWeights, void* out, ArgCheck a, MoeWork* work);
+fuscoResult_t hostCombineNode(MoeHandle& h, const void* expertOut, fuscoDataType_t dt,
+                              size_t hidden, const float* topkWeights, void* out, ArgCheck a,
+                              MoeWork* work);
+
+// Combine's first operation under RANK and NODE dedup: the routing weights of every fan-out
+// entry to the expert side (into h.recvWeights).
+fuscoResult_t shipWeights(MoeHandle& h, const float* topkWeights, const ArgCheck& a);
+
+// Source side of combine (combine_sum.cc): out[t] = the fixed tree's sum over nodes (ascending)
+// of the sums over each node's ranks (ascending) of the token's partials. landing[r]: the rows
+// rank r sent back; nodeLanding (NODE dedup): one made sum per token for every other node.
+struct SumInputs {
+  fuscoDataType_t dt;
+  size_t rowOut, hidden;
+  const float* weights;
+  const std::vector<char*>* landing;
+  const std::vector<char*>* nodeLanding;
+};
+void finalSum(const MoeHandle& h, const SumInputs& in, void* out);
+
+// Device paths (device_exec.cc): the same operations with kernels moving the rows.
+fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
+                             void* stream, std::vector<PeerWork>* work);
+fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
+                            const float* topkWeights, void* out, ArgCheck a, void* stream,
+                            std::vector<PeerWork>* work);
+// Copies the plan's index lists to the device (device_plan.cc), on `stream`.
+fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream);
+
+// Plan-time steps (plan_node.cc): NODE dedup's counts, balancer, forward metadata and the
+// forwarders' blocks, from the RANK send plan in h.send. Leaves in *metaFrom the RANK-format
+// metadata every source would have sent this rank, for planRecv. A malformed peer message sets
+// *b instead of failing, so this rank still takes part in the remaining exchanges.
+fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
+                            std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b);
+// NODE dedup's fan-row exchange between the ranks of a node: the RANK fan rows, then those of
+// every forwarded segment, so sources and forwarders can write final rows directly.
+fuscoResult_t exchangeNodeFanRows(MoeHandle& h, const ArgCheck& a);
+
+}  // namespace fusco

@@ -1,0 +1,70 @@
+// The state behind a fuscoMoeHandle_t: the plans of one fuscoMoePlan call and the buffers that
+// dispatch and combine reuse across calls.
+#pragma once
+
+#include <vector>
+
+#include "device/cuda_rt.h"
+#include "engine/communicator.h"
+#include "fusco.h"
+#include "plan/balance.h"
+#include "plan/moe_plan.h"
+#include "plan/node_plan.h"
+
+namespace fusco {
+
+struct MoeHandle {
+  Communicator* comm = nullptr;
+  MoeShape shape;
+  Dedup dedup = Dedup::Rank;
+  MoeSendPlan send;
+  MoeRecvPlan recv;
+  size_t numTokens = 0;
+  int topk = 0;
+  std::vector<int64_t> topkIdx;                 // [numTokens * topk] host copy
+  std::vector<std::vector<int64_t>> weightIdx;  // [nranks] t*topk+k per fan-out entry sent
+  std::vector<std::vector<float>> recvWeights;  // [nranks] weights per fan-out entry received
+  // [nranks] where the rows this rank sends to r land in r's recvX (r's fan rows for them, in
+  // the CSR shape send.kStart[r]), so dispatch can write final rows straight into r's buffer.
+  std::vector<std::vector<int64_t>> remoteFanRows;
+  fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
+
+  // NODE dedup across nodes (dedup == Node): `send` above is then the RANK plan, used for the
+  // ranks of this node and for the routing weights; rows for other nodes go through forwarders.
+  struct NodeState {
+    Balance balance = Balance::Greedy;
+    BalancePlan plan;
+    std::vector<NodeSegment> segs;
+    NodeSendPlan send;
+    std::vector<NodeFwdSeg> fwd;                 // segments this rank forwards
+    std::vector<std::vector<NodeInSeg>> inFrom;  // [nranks] segments forwarded to this rank
+    std::vector<size_t> relayed;  // segments this rank relays for a peer of its node, global order
+    // [k * localSize + lr]: where the rows of forwarded segment k land in local rank lr's recvX
+    // (its fan rows, CSR), so the forwarder writes them there directly when it can map it.
+    std::vector<std::vector<uint32_t>> fwdFanStart;
+    std::vector<std::vector<int64_t>> fwdFanRows;
+  } node;
+
+  // fuscoMemCuda comms: the plan's index lists on the device (one upload per plan, stream-ordered;
+  // dispatch and combine streams wait for it), as pointers into `devBuffer`.
+  struct DevicePlan {
+    std::vector<const int64_t*> sendRows, remoteFanRows, recvFanRows;  // [nranks]
+    std::vector<const uint32_t*> sendKStart, recvFanStart;             // [nranks]
+    const int64_t* paddingRows = nullptr;
+    // Combine's sum at the source (DevFinalSum): per token, expert-output rows grouped by rank.
+    const uint32_t* termStart = nullptr;
+    const uint32_t* termRank = nullptr;
+    const int64_t* termRow = nullptr;
+    const int64_t* termWeight = nullptr;
+    const uint8_t* termLast = nullptr;
+  } dev;
+  DeviceBuffer devBuffer;
+
+  size_t rowsToSend() const {
+    size_t n = 0;
+    for (const auto& r : send.rows) n += r.size();
+    return n;
+  }
+};
+
+}  // namespace fusco

@@ -1,0 +1,121 @@
+// fuscoMoePlan's collective part: the routing checked and planned on this rank, then the plan
+// exchanges (per-row metadata sizes and words, then the receivers' fan rows back to the sources)
+// that give every rank its receive plan and tell each source where its rows land. NODE dedup adds
+// its own steps (plan_node.cc).
+#include <vector>
+
+#include "core/params.h"
+#include "device/cuda_rt.h"
+#include "moe/moe.h"
+#include "moe/moe_exec.h"
+
+namespace fusco {
+
+namespace {
+
+// Each receiver tells each source where that source's rows land (its fan rows), so dispatch can
+// write the final rows directly when the receiver's buffer is reachable.
+fuscoResult_t exchangeFanRows(MoeHandle& h, const ArgCheck& a) {
+  if (h.dedup == Dedup::Node) return exchangeNodeFanRows(h, a);
+  const int n = h.comm->nranks();
+  std::vector<RowStream> s(n), r(n);
+  h.remoteFanRows.assign(n, {});
+  for (int p = 0; p < n; ++p) {
+    s[p] = RowStream::flat(h.recv.fanRows[p].data(), h.recv.fanRows[p].size() * sizeof(int64_t));
+    h.remoteFanRows[p].resize(h.send.kSlots[p].size());
+    r[p] = RowStream::flat(h.remoteFanRows[p].data(), h.remoteFanRows[p].size() * sizeof(int64_t));
+  }
+  return exchange(*h.comm, "fuscoMoePlan (fan rows)", a, s, r);
+}
+
+// Index of weight (t, k) for every fan-out entry of every row sent to each rank.
+void buildWeightIndex(MoeHandle& h) {
+  const int n = h.shape.nranks;
+  h.weightIdx.assign(n, {});
+  for (int r = 0; r < n; ++r) {
+    const auto& rows = h.send.rows[r];
+    auto& w = h.weightIdx[r];
+    w.reserve(h.send.kSlots[r].size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (uint32_t j = h.send.kStart[r][i]; j < h.send.kStart[r][i + 1]; ++j)
+        w.push_back(rows[i] * h.topk + h.send.kSlots[r][j]);
+  }
+}
+
+// A CUDA comm's routing is on the device: the plan's one host synchronization brings it here.
+// Returns the host copy to plan from (h.topkIdx), or topkIdx itself on a host comm.
+const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream, ArgCheck* a) {
+  Communicator& c = *h.comm;
+  if (c.memType() != fuscoMemCuda || !a->ok() || h.numTokens == 0) return topkIdx;
+  if (h.topk <= 0) {
+    a->fail("fuscoMoePlan: topk %d must be > 0", h.topk);
+    return topkIdx;
+  }
+  joinFailure(c.useDevice(), a);
+  if (!a->ok()) return topkIdx;
+  h.topkIdx.resize(h.numTokens * static_cast<size_t>(h.topk));
+  if (cudaCopyToHostSync(h.topkIdx.data(), topkIdx, h.topkIdx.size() * sizeof(int64_t), stream) !=
+      fuscoSuccess)
+    a->fail("fuscoMoePlan: reading topkIdx: %s", threadLastError().c_str());
+  return h.topkIdx.data();
+}
+
+// This rank's shape, routing check and send plan (nothing exchanged yet).
+void planLocal(const fuscoMoeConfig_t* config, const int64_t* topkIdx, ArgCheck* a, MoeHandle* h) {
+  Communicator& c = *h->comm;
+  if (!a->ok()) return;
+  h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
+  if (buildMoeShape(c.nranks(), config->numExperts, config->expertToRank, config->expertAlignment,
+                    &h->shape) != fuscoSuccess)
+    a->fail("%s", threadLastError().c_str());
+  if (a->ok() && validateTopk(h->shape, topkIdx, h->numTokens, h->topk) != fuscoSuccess)
+    a->fail("%s", threadLastError().c_str());
+  if (a->ok())
+    h->send = planSend(h->shape, c.rank(), topkIdx, h->numTokens, h->topk,
+                       h->dedup == Dedup::Node ? Dedup::Rank : h->dedup);
+}
+
+// A receive plan that failed (malformed metadata) still takes part in the last exchange, so the
+// other ranks fail promptly too: it is left empty and *b records why.
+void planReceive(MoeHandle* h, const std::vector<std::vector<int32_t>>& metaFrom, ArgCheck* b) {
+  const int n = h->comm->nranks();
+  if (b->ok() && planRecv(h->shape, h->comm->rank(), metaFrom, &h->recv) == fuscoSuccess) return;
+  if (b->ok()) b->message = threadLastError();
+  b->status = fuscoRemoteError;
+  h->recv = MoeRecvPlan();
+  h->recv.fanStart.assign(n, {});
+  h->recv.fanRows.assign(n, {});
+}
+
+}  // namespace
+
+Dedup chooseDedup(int requested, int numNodes) {
+  if (requested == FUSCO_DEDUP_NONE) return Dedup::None;
+  if (requested == FUSCO_DEDUP_RANK || numNodes <= 1) return Dedup::Rank;
+  return Dedup::Node;
+}
+
+fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
+                      ArgCheck a, MoeHandle* h) {
+  Communicator& c = *h->comm;
+  topkIdx = routingOnHost(*h, topkIdx, stream, &a);
+  planLocal(config, topkIdx, &a, h);
+  std::vector<std::vector<int32_t>> metaFrom;
+  ArgCheck b;
+  if (a.ok() && h->dedup == Dedup::Node)
+    FUSCO_CHECK(planNodeDedup(*h, a, config->balance, &metaFrom, &b));
+  else
+    FUSCO_CHECK(exchangeWords(c, "fuscoMoePlan (metadata)", a, h->send.meta, &metaFrom));
+  planReceive(h, metaFrom, &b);
+  FUSCO_CHECK(exchangeFanRows(*h, b));
+  buildWeightIndex(*h);
+  if (topkIdx != nullptr && topkIdx != h->topkIdx.data())
+    h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
+  if (c.memType() == fuscoMemCuda) FUSCO_CHECK(uploadMoePlan(*h, stream));
+  if (paramInt("FUSCO_PLAN_TRACE") != 0)
+    fprintf(stderr, "%s\n",
+            describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
+  return fuscoSuccess;
+}
+
+}  // namespace fusco
