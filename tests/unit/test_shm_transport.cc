@@ -19,8 +19,12 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "core/topology.h"
-#include "harness/shm_fork_group.h"
+#include "harness/transport_group.h"
 #include "transport/transport.h"
+
+namespace fusco {
+extern const TransportOps kShmTransport;
+}
 
 namespace {
 
@@ -29,13 +33,13 @@ using fusco::kShmTransport;
 using fusco::PeerInfo;
 using fusco::TransportComm;
 using fusco::TransportContext;
-using fusco::test::shm::buildEnv;
-using fusco::test::shm::Group;
-using fusco::test::shm::kTimeoutMs;
-using fusco::test::shm::Options;
-using fusco::test::shm::RankEnv;
-using fusco::test::shm::runChildren;
-using fusco::test::shm::WatchedChild;
+using fusco::test::transport::buildEnv;
+using fusco::test::transport::Group;
+using fusco::test::transport::kTimeoutMs;
+using fusco::test::transport::Options;
+using fusco::test::transport::RankEnv;
+using fusco::test::transport::runChildren;
+using fusco::test::transport::WatchedChild;
 
 constexpr uint64_t kSeed = 0x5eed1234abcdULL;
 
