@@ -1,6 +1,7 @@
-// The shared-memory transport across real processes: forked ranks exchange setup blobs through
-// pipes (via the parent), connect, and then talk through the ops table only. Children report
-// failures on stderr and through their exit code; every wait has a deadline.
+// What only the shared-memory transport has, across real processes: scores by host, the memfd
+// segment and its arena, region tokens and peer pointers into the arena, and liveness through
+// /proc (a killed, an unreaped and an exited peer). The channel itself (order, credits, sizes,
+// death, abort, close) is checked for every transport by test_transport_conformance.cc.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -19,8 +20,12 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "core/topology.h"
-#include "harness/shm_fork_group.h"
+#include "harness/transport_group.h"
 #include "transport/transport.h"
+
+namespace fusco {
+extern const TransportOps kShmTransport;
+}
 
 namespace {
 
@@ -29,95 +34,13 @@ using fusco::kShmTransport;
 using fusco::PeerInfo;
 using fusco::TransportComm;
 using fusco::TransportContext;
-using fusco::test::shm::buildEnv;
-using fusco::test::shm::Group;
-using fusco::test::shm::kTimeoutMs;
-using fusco::test::shm::Options;
-using fusco::test::shm::RankEnv;
-using fusco::test::shm::runChildren;
-using fusco::test::shm::WatchedChild;
-
-constexpr uint64_t kSeed = 0x5eed1234abcdULL;
-
-// ---------------------------------------------------------------- message content
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-struct Msg {
-  uint32_t tag;
-  size_t len;
-  uint64_t seed;
-};
-
-// Message idx from src to dst: lengths cycle through 0, 1, chunkBytes and random sizes.
-Msg message(int src, int dst, uint64_t idx, size_t chunk) {
-  uint64_t h = mix(kSeed ^ (uint64_t(src) << 48) ^ (uint64_t(dst) << 32) ^ idx);
-  size_t lens[] = {0, 1, chunk, chunk - 1, 8};
-  size_t len = idx % 7 < 5 ? lens[idx % 7] : static_cast<size_t>(h % (chunk + 1));
-  return {static_cast<uint32_t>(h >> 32), len, mix(h)};
-}
-
-void fillPayload(uint8_t* p, const Msg& m) {
-  uint64_t s = m.seed;
-  for (size_t i = 0; i < m.len; ++i) {
-    if (i % 8 == 0) s = mix(s);
-    p[i] = static_cast<uint8_t>(s >> (8 * (i % 8)));
-  }
-}
-
-// Every rank sends `count` messages to every peer and checks every message it receives, all
-// interleaved and non-blocking (as the engine drives it).
-int exchangeAll(RankEnv& e, uint64_t count) {
-  size_t cap = 0;
-  std::vector<uint64_t> sent(e.nranks, 0), got(e.nranks, 0);
-  std::vector<uint8_t> expect(e.ctx.chunkBytes);
-  Deadline d(kTimeoutMs);
-  size_t done = 0, want = 2 * e.peers.size();
-  while (done < want) {
-    CHILD_CHECK(!d.expired(), "timed out: sent/received not complete");
-    bool progress = false;
-    done = 0;
-    for (int p : e.peers) {
-      void* buf = nullptr;
-      if (sent[p] < count) {
-        CHILD_CHECK(kShmTransport.sendAcquire(e.tc, p, &buf, &cap) == fuscoSuccess, "acquire");
-      }
-      if (buf != nullptr) {
-        CHILD_CHECK(cap == e.ctx.chunkBytes, "capacity %zu", cap);
-        Msg m = message(e.rank, p, sent[p], cap);
-        fillPayload(static_cast<uint8_t*>(buf), m);
-        CHILD_CHECK(kShmTransport.sendPost(e.tc, p, m.tag, m.len) == fuscoSuccess, "post");
-        ++sent[p];
-        progress = true;
-      }
-      const void* in = nullptr;
-      size_t len = 0;
-      uint32_t tag = 0;
-      CHILD_CHECK(kShmTransport.recvPoll(e.tc, p, &in, &len, &tag) == fuscoSuccess, "poll");
-      if (in != nullptr) {
-        CHILD_CHECK(got[p] < count, "extra message from %d", p);
-        Msg m = message(p, e.rank, got[p], e.ctx.chunkBytes);
-        CHILD_CHECK(len == m.len && tag == m.tag,
-                    "message %llu from %d: len %zu tag %u, want %zu %u", (unsigned long long)got[p],
-                    p, len, tag, m.len, m.tag);
-        fillPayload(expect.data(), m);
-        CHILD_CHECK(memcmp(in, expect.data(), len) == 0, "payload %llu from %d differs",
-                    (unsigned long long)got[p], p);
-        CHILD_CHECK(kShmTransport.recvRelease(e.tc, p) == fuscoSuccess, "release");
-        ++got[p];
-        progress = true;
-      }
-      done += (sent[p] == count) + (got[p] == count);
-    }
-    if (!progress) sched_yield();
-  }
-  return 0;
-}
+using fusco::test::transport::buildEnv;
+using fusco::test::transport::Group;
+using fusco::test::transport::kTimeoutMs;
+using fusco::test::transport::Options;
+using fusco::test::transport::RankEnv;
+using fusco::test::transport::runChildren;
+using fusco::test::transport::WatchedChild;
 
 // ---------------------------------------------------------------- in-process helpers
 
@@ -310,85 +233,6 @@ TEST_F(ShmTransport, RegionTokenCoversExactlyTheArena) {
   EXPECT_EQ(kShmTransport.peerPointer(r.tc, 0, 0, 1), nullptr);  // self is never an shm peer
 }
 
-TEST_F(ShmTransport, MessagesOfVariedLengthsArriveIntactBetweenEveryPair) {
-  Options o;
-  o.nranks = 4;
-  o.chunkBytes = 4096;
-  o.depth = 3;
-  runChildren(o, [](RankEnv& e) {
-    CHILD_CHECK(e.peers.size() == 3u, "peers %zu", e.peers.size());
-    return exchangeAll(e, 300);
-  });
-}
-
-TEST_F(ShmTransport, RingWrapsAndKeepsFifoOrder) {
-  Options o;
-  o.nranks = 2;
-  o.chunkBytes = 4096;
-  o.depth = 2;
-  runChildren(o, [](RankEnv& e) { return exchangeAll(e, 5000); });
-}
-
-TEST_F(ShmTransport, SenderGetsAtMostDepthUnreleasedSlots) {
-  Options o;
-  o.nranks = 2;
-  o.depth = 3;
-  runChildren(o, [](RankEnv& e) {
-    const int peer = 1 - e.rank;
-    void* buf = nullptr;
-    size_t cap = 0;
-    const void* in = nullptr;
-    size_t len = 0;
-    uint32_t tag = 0;
-    // Misuse is an internal error, not a crash or a silent success.
-    CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 1, 0) == fuscoInternalError, "post w/o slot");
-    CHILD_CHECK(e.barrier(), "barrier");
-    CHILD_CHECK(kShmTransport.recvRelease(e.tc, peer) == fuscoInternalError, "release w/o msg");
-    CHILD_CHECK(e.barrier(), "barrier");
-    if (e.rank == 0) {
-      for (int i = 0; i < 3; ++i) {
-        CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess && buf,
-                    "slot %d", i);
-        CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 100 + i, cap + 1) == fuscoInternalError,
-                    "oversized post");
-        CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 100 + i, i) == fuscoSuccess, "post %d", i);
-      }
-      CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess, "acquire");
-      CHILD_CHECK(buf == nullptr, "a 4th slot with 3 unreleased");
-      CHILD_CHECK(e.barrier(), "barrier A");  // the receiver releases one slot
-      CHILD_CHECK(e.barrier(), "barrier B");
-      CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess && buf,
-                  "credit came back");
-      CHILD_CHECK(kShmTransport.sendPost(e.tc, peer, 103, 3) == fuscoSuccess, "post");
-      CHILD_CHECK(kShmTransport.sendAcquire(e.tc, peer, &buf, &cap) == fuscoSuccess, "acquire");
-      CHILD_CHECK(buf == nullptr, "full again");
-      CHILD_CHECK(e.barrier(), "barrier C");  // only now may the receiver drain
-      return 0;
-    }
-    CHILD_CHECK(e.barrier(), "barrier A");
-    // Polling does not consume: the same message twice, then release frees one credit.
-    const void* first = nullptr;
-    CHILD_CHECK(kShmTransport.recvPoll(e.tc, peer, &first, &len, &tag) == fuscoSuccess && first,
-                "message");
-    CHILD_CHECK(kShmTransport.recvPoll(e.tc, peer, &in, &len, &tag) == fuscoSuccess && in == first,
-                "poll again");
-    CHILD_CHECK(tag == 100 && len == 0, "tag %u len %zu", tag, len);
-    CHILD_CHECK(kShmTransport.recvRelease(e.tc, peer) == fuscoSuccess, "release");
-    CHILD_CHECK(e.barrier(), "barrier B");
-    CHILD_CHECK(e.barrier(), "barrier C");
-    Deadline d(kTimeoutMs);
-    for (uint32_t i = 1; i < 4; ++i) {
-      do {
-        CHILD_CHECK(!d.expired(), "waiting for message %u", i);
-        CHILD_CHECK(kShmTransport.recvPoll(e.tc, peer, &in, &len, &tag) == fuscoSuccess, "poll");
-      } while (in == nullptr && (sched_yield(), true));
-      CHILD_CHECK(tag == 100 + i && len == i, "message %u: tag %u len %zu", i, tag, len);
-      CHILD_CHECK(kShmTransport.recvRelease(e.tc, peer) == fuscoSuccess, "release");
-    }
-    return 0;
-  });
-}
-
 // Each rank allocates a buffer, sends its token to every peer; each peer writes its own stripe
 // through peerPointer and then says "done"; the owner sees every stripe in its own memory.
 TEST_F(ShmTransport, PeersWriteIntoEachOthersArenaThroughPeerPointer) {
@@ -472,28 +316,6 @@ TEST_F(ShmTransport, CheckPeerCountsUnreapedZombieAsDead) {
   EXPECT_EQ(kShmTransport.checkPeer(w.self.tc, 1), fuscoRemoteError);
   EXPECT_NE(fusco::threadLastError().find("died"), std::string::npos) << fusco::threadLastError();
   EXPECT_EQ(w.g.reapOne(1), 0);
-}
-
-TEST_F(ShmTransport, CheckPeerReportsAbortedPeerWhileItLives) {
-  WatchedChild w;
-  ASSERT_TRUE(w.start([](RankEnv& e) {
-    kShmTransport.markAborted(e.tc, "rank 7 died");
-    kShmTransport.markAborted(e.tc, "second reason");  // idempotent: the first reason stays
-    CHILD_CHECK(e.barrier(), "aborted");
-    CHILD_CHECK(e.barrier(), "parent checked");
-    return 0;
-  }));
-  ASSERT_TRUE(w.g.barrier());
-  EXPECT_EQ(kShmTransport.checkPeer(w.self.tc, 1), fuscoRemoteError);
-  std::string msg = fusco::threadLastError();
-  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("aborted"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("rank 7 died"), std::string::npos) << msg;  // the first reason travels
-  EXPECT_EQ(msg.find("second reason"), std::string::npos) << msg;
-  EXPECT_TRUE(fusco::processAlive(w.g.pid(1), 0));
-  ASSERT_TRUE(w.g.barrier());
-  std::vector<int> st = w.g.finish();
-  EXPECT_EQ(st[1], 0);
 }
 
 TEST_F(ShmTransport, ConnectToExitedPeerIsSystemErrorNamingIt) {

@@ -6,8 +6,8 @@
 //    the sender never has more than `depth` unreleased messages (and the receiver's ring slots
 //    are never overwritten before release);
 //  - abort: header {commTag, src} + the reason, so a peer's error names the rank that gave up.
-// Everything is non-blocking; every channel call progresses the workers. A mutex serializes the
-// calls because fuscoCommAbort may mark a communicator aborted from another thread.
+// Every channel call also progresses the workers (nothing waits: transport.h). A mutex serializes
+// the calls because markAborted may come from another thread.
 #pragma once
 
 #include <ucp/api/ucp.h>

@@ -314,10 +314,8 @@ bool ucxSendsInFlight(TransportComm* tc, int peer) {
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) return false;
   // No progress here: the engine steps the transports whenever a wait makes none.
   std::lock_guard<std::mutex> lock(c->mu);
-  // A send that has not completed, or one that completed with an error (now or on an earlier
-  // call: the flag is sticky), keeps the pair pending: the engine's liveness check then returns
-  // checkPeer's error instead of success. Sends that completed cleanly count as delivered even if
-  // the peer failed (exited) afterwards.
+  // Semantics in transport.h. A failed send is remembered in sendFailed, since reapSend frees its
+  // request (and clears the slot) on the call that sees it fail.
   UcxPeer& p = c->peers[peer];
   for (void*& q : p.sendReq)
     if (!ucx::reapSend(c, peer, &q, &p.sendFailed)) return true;

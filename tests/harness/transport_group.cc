@@ -1,6 +1,7 @@
-// Process groups for the shared-memory transport tests (see shm_fork_group.h).
-#include "harness/shm_fork_group.h"
+// Process groups for the transport tests (see transport_group.h).
+#include "harness/transport_group.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,7 +16,7 @@
 
 #include "core/liveness.h"
 
-namespace fusco::test::shm {
+namespace fusco::test::transport {
 
 int gRank = -1;
 
@@ -67,32 +68,57 @@ bool readString(int fd, std::string* s, const Deadline& d) {
 
 // ---------------------------------------------------------------- one rank's view
 
-bool RankEnv::barrier() {
+bool RankEnv::barrier(bool step) {
   Deadline d(kTimeoutMs);
   char b = 'B', g = 0;
-  return writeFull(toParent, &b, 1) && readFull(fromParent, &g, 1, d) && g == 'G';
+  if (!writeFull(toParent, &b, 1)) return false;
+  if (!step || ops == nullptr || ops->progress == nullptr || tc == nullptr)
+    return readFull(fromParent, &g, 1, d) && g == 'G';
+  while (!d.expired()) {
+    pollfd pf{fromParent, POLLIN, 0};
+    int r = poll(&pf, 1, 1);
+    if (r < 0 && errno != EINTR) return false;
+    if (r > 0) return readFull(fromParent, &g, 1, d) && g == 'G';
+    ops->progress(tc);
+  }
+  return false;
+}
+
+int openFdCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* ent = readdir(d))
+      if (ent->d_name[0] != '.') ++n;
+    closedir(d);
+    --n;  // the directory's own descriptor
+  }
+  return n;
 }
 
 void buildEnv(RankEnv* e, int rank, const std::vector<pid_t>& pids, const Options& o) {
   e->rank = rank;
   e->nranks = static_cast<int>(pids.size());
+  e->ops = o.kind->ops;
   std::string host = localHostId();
   std::vector<std::string> hosts(e->nranks, host);
   e->infos.resize(e->nranks);
-  for (int r = 0; r < e->nranks; ++r) e->infos[r] = {host, pids[r], processStartTime(pids[r])};
-  e->nodes = buildNodeMap(hosts, 0);
+  for (int r = 0; r < e->nranks; ++r) {
+    pid_t pid = o.knownPids ? pids[r] : 0;
+    e->infos[r] = {host, pid, pid != 0 ? processStartTime(pid) : 0};
+  }
+  e->nodes = buildNodeMap(hosts, o.kind->ranksPerNode);
   e->ctx.rank = rank;
   e->ctx.nranks = e->nranks;
   e->ctx.nodes = &e->nodes;
   e->ctx.peers = &e->infos;
-  e->ctx.memType = fuscoMemHost;
+  e->ctx.memType = o.kind->memType;
   e->ctx.chunkBytes = o.chunkBytes;
   e->ctx.depth = o.depth;
   e->ctx.timeoutMs = kTimeoutMs;
   e->ctx.commTag = 0xc0ffee;
   e->peers.clear();
   for (int p = 0; p < e->nranks; ++p)
-    if (kShmTransport.score(e->ctx, p) > 0) e->peers.push_back(p);
+    if (e->ops->score(e->ctx, p) > 0) e->peers.push_back(p);
 }
 
 // ---------------------------------------------------------------- the process group
@@ -162,24 +188,29 @@ bool Group::barrier() {
 
 std::vector<int> Group::finish() {
   Deadline d(kTimeoutMs);
-  while (!up_.empty() && !d.expired()) {
-    std::vector<bool> eof(up_.size(), false);
-    size_t nEof = 0, nBarrier = 0;
+  const int first = opts_.parentIsRank0 ? 1 : 0;
+  std::vector<bool> live(up_.size(), true);
+  for (int round = 0; !up_.empty() && !d.expired(); ++round) {
+    size_t nLive = 0, nEof = 0;
     for (size_t i = 0; i < up_.size(); ++i) {
+      if (!live[i]) continue;
+      ++nLive;
       char b = 0;
-      if (readFull(up_[i], &b, 1, d) && b == 'B')
-        ++nBarrier;
-      else
-        eof[i] = true, ++nEof;
+      if (!readFull(up_[i], &b, 1, d) || b != 'B') live[i] = false, ++nEof;
     }
-    if (nEof == up_.size()) break;
-    if (nEof > 0) {
+    if (nEof == nLive) break;
+    if (nEof > 0) {  // one left while the others wait: release them with an error, not a hang
       closeDown();
       break;
     }
-    for (int fd : down_) {
+    for (size_t i = 0; i < down_.size(); ++i) {
       char g = 'G';
-      writeFull(fd, &g, 1);
+      if (live[i]) writeFull(down_[i], &g, 1);
+    }
+    // Round 0 is the post-connect barrier, round 1 the body's first.
+    if (round == 1 && opts_.victim >= first) {
+      kill(pids_[opts_.victim], SIGKILL);
+      live[opts_.victim - first] = false;
     }
   }
   closeDown();
@@ -226,7 +257,7 @@ std::vector<int> Group::reap(const Deadline& d) {
     pid_t got = 0;
     while ((got = waitpid(pids_[r], &st, WNOHANG)) == 0 && !d.expired()) usleep(1000);
     if (got != pids_[r]) {
-      fprintf(stderr, "[shm test] rank %d (pid %d) did not finish in time; killing it\n", r,
+      fprintf(stderr, "[transport test] rank %d (pid %d) did not finish in time; killing it\n", r,
               static_cast<int>(pids_[r]));
       kill(pids_[r], SIGKILL);
       waitpid(pids_[r], &st, 0);
@@ -256,6 +287,7 @@ void Group::killAll() {
 
 int Group::childMain(int rank, int toParent, int fromParent, const Body& body) {
   gRank = rank;
+  if (opts_.kind->prepareChild != nullptr) opts_.kind->prepareChild();
   Deadline d(kTimeoutMs);
   std::vector<pid_t> pids(opts_.nranks);
   CHILD_CHECK(readFull(fromParent, pids.data(), sizeof(pid_t) * pids.size(), d), "no pid list");
@@ -263,32 +295,39 @@ int Group::childMain(int rank, int toParent, int fromParent, const Body& body) {
   e.toParent = toParent;
   e.fromParent = fromParent;
   buildEnv(&e, rank, pids, opts_);
+  e.fdsBeforeSetup = openFdCount();
   std::string blob;
-  CHILD_CHECK(kShmTransport.setup(e.ctx, e.peers, &e.tc, &blob) == fuscoSuccess, "setup");
+  CHILD_CHECK(e.ops->setup(e.ctx, e.peers, &e.tc, &blob) == fuscoSuccess, "%s setup", e.ops->name);
   CHILD_CHECK(writeString(toParent, blob), "sending blob");
   if (opts_.exitAfterSetup) return 0;  // exits with the segment never connected
   std::vector<std::string> blobs(opts_.nranks);
   for (auto& b : blobs) CHILD_CHECK(readString(fromParent, &b, d), "receiving blobs");
-  CHILD_CHECK(kShmTransport.connect(e.tc, blobs) == fuscoSuccess, "connect");
-  CHILD_CHECK(e.barrier(), "post-connect barrier");
-  int rc = 1;
-  try {
-    rc = body(e);
-  } catch (...) {
-    fprintf(stderr, "[shm test rank %d] exception in body\n", rank);
-  }
-  kShmTransport.close(e.tc);
+  int rc = childRun(e, body, blobs);
+  e.ops->close(e.tc);
   return rc;
 }
 
-// Runs body in nranks forked children (the parent only relays) and expects all to succeed.
+int Group::childRun(RankEnv& e, const Body& body, const std::vector<std::string>& blobs) {
+  CHILD_CHECK(e.ops->connect(e.tc, blobs) == fuscoSuccess, "%s connect", e.ops->name);
+  CHILD_CHECK(e.barrier(), "post-connect barrier");
+  try {
+    return body(e);
+  } catch (...) {
+    fprintf(stderr, "[transport test rank %d] exception in body\n", e.rank);
+  }
+  return 1;
+}
+
 void runChildren(const Options& o, const Body& body) {
   Group g;
   ASSERT_TRUE(g.start(o, body));
   std::vector<std::string> blobs;
   ASSERT_TRUE(g.exchangeBlobs("", &blobs));
   std::vector<int> st = g.finish();
-  for (int r = 0; r < o.nranks; ++r) EXPECT_EQ(st[r], 0) << "rank " << r << " failed (see stderr)";
+  for (int r = 0; r < o.nranks; ++r) {
+    if (r == o.victim) continue;
+    EXPECT_EQ(st[r], 0) << "rank " << r << " failed (see stderr)";
+  }
 }
 
 // ---------------------------------------------------------------- the parent as rank 0
@@ -300,18 +339,19 @@ bool WatchedChild::start(const Body& body) {
   buildEnv(&self, 0, g.pids(), o);
   std::string blob;
   std::vector<std::string> blobs;
-  return kShmTransport.setup(self.ctx, self.peers, &self.tc, &blob) == fuscoSuccess &&
-         g.exchangeBlobs(blob, &blobs) && kShmTransport.connect(self.tc, blobs) == fuscoSuccess &&
+  const TransportOps* ops = o.kind->ops;
+  return ops->setup(self.ctx, self.peers, &self.tc, &blob) == fuscoSuccess &&
+         g.exchangeBlobs(blob, &blobs) && ops->connect(self.tc, blobs) == fuscoSuccess &&
          g.barrier();
 }
 
 fuscoResult_t WatchedChild::waitForFailure() {
   Deadline d(kTimeoutMs);
   fuscoResult_t r = fuscoSuccess;
-  while ((r = kShmTransport.checkPeer(self.tc, 1)) == fuscoSuccess && !d.expired()) usleep(1000);
+  while ((r = o.kind->ops->checkPeer(self.tc, 1)) == fuscoSuccess && !d.expired()) usleep(1000);
   return r;
 }
 
-WatchedChild::~WatchedChild() { kShmTransport.close(self.tc); }
+WatchedChild::~WatchedChild() { o.kind->ops->close(self.tc); }
 
-}  // namespace fusco::test::shm
+}  // namespace fusco::test::transport
