@@ -19,8 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/bootstrap.h"
-
 #ifdef FUSCO_HAVE_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only: the C++ bindings need libmpi_cxx
 #define MPICH_SKIP_MPICXX 1
@@ -112,43 +110,94 @@ int waitChildren(std::vector<Child>& kids, int failGraceMs) {
   return failures == 0 ? 0 : 1;
 }
 
-int runForked(const LaunchOptions& opts, const RankBody& body) {
+// Runs rank r of a forked launch in this (child) process; returns its exit status.
+int runForkedRank(const LaunchOptions& opts, int r, const fuscoUniqueId& id, const RankBody& body) {
+  Launch l;
+  l.rank = r;
+  l.nranks = opts.np;
+  l.id = id;
+  l.forked = true;
+  l.mode = "fork";
+  l.launcher = "-np";
+  int rc = body(l);
+  fflush(stdout);
+  fflush(stderr);
+  return rc;  // the child leaves through main like any process
+}
+
+// Reads exactly n bytes from a pipe; false on EOF or error.
+bool readAll(int fd, void* buf, size_t n) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t k = read(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// What rank 0 tells the parent through a pipe before it runs the body.
+struct IdMessage {
+  int32_t status;  // fuscoResult_t of fuscoGetUniqueId
   fuscoUniqueId id;
-  fuscoResult_t res = fuscoGetUniqueId(&id);
-  if (res != fuscoSuccess) {
-    fprintf(stderr, "# launcher: fuscoGetUniqueId failed: %s: %s\n", fuscoGetErrorString(res),
-            fuscoGetLastError(nullptr));
+};
+
+// Rank 0 is forked first and makes the unique id itself, so the id's root (its listening socket)
+// lives in rank 0 only (fuscoGetUniqueId: the root runs in the calling process); the parent never
+// holds it and needs nothing beyond the public API. Rank 0 hands the id back through a pipe, then
+// the parent forks ranks 1..np-1 with it.
+int runForked(const LaunchOptions& opts, const RankBody& body) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    fprintf(stderr, "# launcher: %s\n", errnoText("pipe").c_str());
     return 2;
   }
   // Buffered output would be written once per child otherwise.
   fflush(stdout);
   fflush(stderr);
   std::vector<Child> kids;
-  for (int r = 0; r < opts.np; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      Launch l;
-      l.rank = r;
-      l.nranks = opts.np;
-      l.id = id;
-      l.forked = true;
-      l.mode = "fork";
-      l.launcher = "-np";
-      int rc = body(l);
-      fflush(stdout);
-      fflush(stderr);
-      return rc;  // the child leaves through main like any process
-    }
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    IdMessage msg{};
+    msg.status = fuscoGetUniqueId(&msg.id);
+    if (msg.status != fuscoSuccess)
+      fprintf(stderr, "# launcher: rank 0: fuscoGetUniqueId failed: %s: %s\n",
+              fuscoGetErrorString(static_cast<fuscoResult_t>(msg.status)),
+              fuscoGetLastError(nullptr));
+    const bool sent = write(fds[1], &msg, sizeof(msg)) == static_cast<ssize_t>(sizeof(msg));
+    close(fds[1]);
+    if (!sent || msg.status != fuscoSuccess) return 2;
+    return runForkedRank(opts, 0, msg.id, body);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    fprintf(stderr, "# launcher: %s (rank 0 of %d)\n", errnoText("fork").c_str(), opts.np);
+    close(fds[0]);
+    return 2;
+  }
+  kids.push_back(Child{pid, 0, false});
+  IdMessage msg{};
+  const bool got = readAll(fds[0], &msg, sizeof(msg));  // EOF: rank 0 ended without an id
+  close(fds[0]);
+  if (!got || msg.status != fuscoSuccess) {
+    if (!got) fprintf(stderr, "# launcher: rank 0 ended before it sent the unique id\n");
+    waitChildren(kids, 0);
+    return 2;
+  }
+  for (int r = 1; r < opts.np; ++r) {
+    pid = fork();
+    if (pid == 0) return runForkedRank(opts, r, msg.id, body);
     if (pid < 0) {
       fprintf(stderr, "# launcher: %s (rank %d of %d)\n", errnoText("fork").c_str(), r, opts.np);
       for (auto& k : kids) kill(k.pid, SIGKILL);
       waitChildren(kids, 0);
-      bootstrapReleaseId(id);
       return 2;
     }
     kids.push_back(Child{pid, r, false});
   }
-  bootstrapReleaseId(id);
   return waitChildren(kids, opts.failGraceMs);
 }
 
@@ -469,48 +518,6 @@ int runMpi(const EnvLaunch& e, const RankBody& body) {
 #endif
 
 }  // namespace
-
-bool parseInt(const char* s, int* out) {
-  if (s == nullptr || *s == '\0') return false;
-  char* end = nullptr;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v < -2147483647L || v > 2147483647L) return false;
-  *out = static_cast<int>(v);
-  return true;
-}
-
-bool parseSize(const char* s, size_t* out) {
-  if (s == nullptr || *s < '0' || *s > '9') return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno != 0) return false;
-  int shift = 0;
-  switch (*end) {
-    case 'K':
-    case 'k':
-      shift = 10;
-      ++end;
-      break;
-    case 'M':
-    case 'm':
-      shift = 20;
-      ++end;
-      break;
-    case 'G':
-    case 'g':
-      shift = 30;
-      ++end;
-      break;
-    default:
-      break;
-  }
-  if (*end == 'B' || *end == 'b') ++end;
-  if (*end != '\0' || (shift > 0 && v > (~0ULL >> shift))) return false;
-  *out = static_cast<size_t>(v << shift);
-  return true;
-}
 
 const char* launcherInEnvironment() {
   EnvLaunch e;

@@ -1,8 +1,9 @@
 // How a perf binary's rank processes start and agree on one fuscoUniqueId.
 //
 // Shared by every perf binary (alltoall_perf, moe_perf, ...). Modes, tried in this order:
-//   1. `-np N` (LaunchOptions::np > 0): this process gets a unique id, forks N ranks, releases its
-//      copy of the id's listening socket and waits; the parent's result is non-zero if any rank
+//   1. `-np N` (LaunchOptions::np > 0): rank 0 is forked first and gets the unique id (so the
+//      id's root lives in rank 0, never in this process), hands it back through a pipe, and this
+//      process forks ranks 1..N-1 with it and waits; the parent's result is non-zero if any rank
 //      failed (a crash, a non-zero exit, or a rank still running long after another failed).
 //   2. mpirun (OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE) in a build with MPI: MPI_Init,
 //      rank 0 gets the id and MPI_Bcasts it; MPI_Finalize after the body.
@@ -11,13 +12,15 @@
 //      MASTER_PORT default 29500); the others connect with retries until the timeout. MASTER_ADDR
 //      (read by ranks > 0) may be left unset only when every rank runs on one host (127.0.0.1).
 //   4. none of the above: one rank in this process (same as -np 1 without the fork).
-// Nothing here calls exit(); errors come back as a message for main to print.
+// Nothing here calls exit(); errors come back as a message for main to print. Only the public API
+// (fusco.h) is used, so a perf binary links libfusco.so like any application.
 #pragma once
 
 #include <functional>
 #include <string>
 
 #include "fusco.h"
+#include "number_args.h"
 
 namespace fusco {
 namespace perf {
@@ -50,11 +53,6 @@ int launchRanks(const LaunchOptions& opts, const RankBody& body);
 // The launcher found in the environment ("mpirun", "srun", "torchrun"), or nullptr when none is
 // (mode 1 or 4 would run). Used by binaries that re-launch themselves under mpirun.
 const char* launcherInEnvironment();
-
-// Parses "-np N" style integers and sizes with K/M/G suffixes ("64M" = 64 << 20).
-// Return false (and leave *out alone) on a malformed value.
-bool parseSize(const char* s, size_t* out);
-bool parseInt(const char* s, int* out);
 
 }  // namespace perf
 }  // namespace fusco

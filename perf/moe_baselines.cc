@@ -12,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "device/reduce.h"
+#include "row_reduce.h"
 
 #ifdef FUSCO_HAVE_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only
@@ -27,8 +27,8 @@ namespace {
 
 class FuscoExchange : public RowExchange {
  public:
-  FuscoExchange(fuscoComm_t comm, int nranks) : comm_(comm), sc_(nranks), sd_(nranks), rc_(nranks),
-                                                rd_(nranks) {}
+  FuscoExchange(fuscoComm_t comm, int nranks)
+      : comm_(comm), sc_(nranks), sd_(nranks), rc_(nranks), rd_(nranks) {}
   bool counts(const int64_t* send, int64_t* recv, size_t perPeer) override {
     return ok(fuscoAllToAll(send, recv, perPeer, fuscoInt64, comm_, nullptr), "fuscoAllToAll");
   }
@@ -47,8 +47,8 @@ class FuscoExchange : public RowExchange {
  private:
   bool ok(fuscoResult_t r, const char* what) {
     if (r == fuscoSuccess) return true;
-    error = std::string(what) + " failed: " + fuscoGetErrorString(r) + ": " +
-            fuscoGetLastError(comm_);
+    error =
+        std::string(what) + " failed: " + fuscoGetErrorString(r) + ": " + fuscoGetLastError(comm_);
     return false;
   }
   fuscoComm_t comm_;
@@ -172,14 +172,15 @@ void relaunchUnderMpirun(int argc, char** argv, int np, std::string* why) {
   }
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  std::vector<std::string> args = {mpirun, "--oversubscribe", "--bind-to", "none",
+  std::vector<std::string> args = {mpirun, "--oversubscribe",  "--bind-to", "none",
                                    "-np",  std::to_string(np), self};
   std::vector<std::string> probe = args;
   probe.push_back("--mpi-probe");
   int rc = runQuietly(mpirun, probe, 60000);
   if (rc != 0) {
     *why = "mpirun failed to start (`mpirun --oversubscribe -np " + std::to_string(np) + " " +
-           self + " --mpi-probe` " + (rc < 0 ? "timed out or crashed" : "exited " + std::to_string(rc)) + ")";
+           self + " --mpi-probe` " +
+           (rc < 0 ? "timed out or crashed" : "exited " + std::to_string(rc)) + ")";
     return;
   }
   for (int i = 1; i < argc; ++i) {
@@ -251,8 +252,10 @@ void UnfusedPipeline::sortChunks(const char* src, char* dst, size_t rowBytes, bo
     for (int s = 0; s < nranks_; ++s) {
       size_t i = static_cast<size_t>(s) * perRank + e, n = recvCounts_[i];
       if (n == 0) continue;
-      if (!unsort) memcpy(dst + em * rowBytes, src + smOff[i] * rowBytes, n * rowBytes);
-      else memcpy(dst + smOff[i] * rowBytes, src + em * rowBytes, n * rowBytes);
+      if (!unsort)
+        memcpy(dst + em * rowBytes, src + smOff[i] * rowBytes, n * rowBytes);
+      else
+        memcpy(dst + smOff[i] * rowBytes, src + em * rowBytes, n * rowBytes);
       em += n;
     }
   }

@@ -6,7 +6,7 @@
 //             [source][local expert] regrouped into [local expert][source]).
 //   combine:  the mirror: un-sort ([expert][source] -> [source][expert]) -> all-to-all-v back ->
 //             un-permute with the weighted sum per token (k order, fp32 accumulation, the same
-//             weightedSumRows fusco's combine uses).
+//             weightedSumRows, row_reduce.h: the arithmetic of fusco's combine).
 //
 // With contiguous expert placement and no padding, the sorted dispatch output has exactly fusco's
 // expert-major layout (API.md), so the two can be compared byte for byte.
@@ -51,7 +51,11 @@ void relaunchUnderMpirun(int argc, char** argv, int np, std::string* why);
 class UnfusedPipeline {
  public:
   UnfusedPipeline(RowExchange* ex, int rank, int nranks, int numExperts, int topk, size_t tokens)
-      : ex_(ex), rank_(rank), nranks_(nranks), numExperts_(numExperts), topk_(topk),
+      : ex_(ex),
+        rank_(rank),
+        nranks_(nranks),
+        numExperts_(numExperts),
+        topk_(topk),
         tokens_(tokens) {}
 
   // Megatron's preprocessing: tokens per expert, the permutation, the counts all-to-all.
@@ -81,8 +85,8 @@ class UnfusedPipeline {
   RowExchange* ex_;
   int rank_, nranks_, numExperts_, topk_;
   size_t tokens_;
-  std::vector<int64_t> permIdx_;   // permuted row -> token
-  std::vector<int64_t> slotPos_;   // token * topk + k -> permuted row (-1: unused slot)
+  std::vector<int64_t> permIdx_;  // permuted row -> token
+  std::vector<int64_t> slotPos_;  // token * topk + k -> permuted row (-1: unused slot)
   std::vector<size_t> sendTo_, recvFrom_;
   std::vector<int64_t> recvCounts_;  // [source][local expert] rows
   size_t recvTotal_ = 0;

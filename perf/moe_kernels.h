@@ -30,7 +30,7 @@ int launchSortChunks(const void* src, void* dst, const int64_t* emStart, const i
 // The un-permute with the weighted sum: for each token t,
 //   out[t] = round_dt(((0 + w[t][k0] * rows[slotPos[t][k0]]) + w[t][k1] * ...) ...)
 // over the k with slotPos[t * topk + k] >= 0, in k order, fp32 accumulation, the multiply and the
-// add rounded separately (the arithmetic of weightedSumRows, device/reduce.h); a token with no
+// add rounded separately (the arithmetic of weightedSumRows, row_reduce.h); a token with no
 // valid slot gets zeros. weights NULL: every weight is 1. dt: fuscoBfloat16, fuscoFloat16 or
 // fuscoFloat32 (else cudaErrorInvalidValue). Device arrays.
 int launchUnpermuteSum(const void* rows, const int64_t* slotPos, const float* weights,

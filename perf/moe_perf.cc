@@ -12,6 +12,8 @@
 // unfused pipeline and a device-to-device copy as the limit (moe_cuda.h); mpi is host-only there.
 // Contenders run interleaved each iteration, with a barrier (a tiny fuscoAllToAll) before every
 // phase. A phase's time is the slowest rank's; the table shows the median over iterations.
+#include "moe_perf.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,207 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "moe_perf.h"
-
-namespace fusco {
-namespace perf {
-
-const char* const kContenderNames[kNumContenders] = {"fusco", "unfused", "mpi", "limit"};
-const char* const kDedupNames[4] = {"auto", "none", "rank", "node"};
-const char* const kBalanceNames[4] = {"auto", "none", "static", "greedy"};
-
-std::string g_noMpiReason = "built without MPI";
-
-const char* dtypeName(fuscoDataType_t dt) {
-  return dt == fuscoFloat32 ? "fp32" : dt == fuscoFloat16 ? "fp16" : "bf16";
-}
-
-fuscoMoeConfig_t moeConfig(const MoeOptions& o, const MoeVariant& v) {
-  fuscoMoeConfig_t cfg = FUSCO_MOE_CONFIG_INITIALIZER;
-  cfg.numExperts = o.experts;
-  cfg.dedup = v.dedup;
-  cfg.balance = v.balance;
-  cfg.expertAlignment = 0;  // so recvX has exactly the unfused pipeline's sorted layout
-  return cfg;
-}
-
-std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups, const std::vector<int>& balances) {
-  std::vector<MoeVariant> out;
-  auto add = [&out](int d, int b, bool applies) {
-    for (const MoeVariant& v : out)
-      if (v.dedup == d && (v.balance == b || !applies)) return;
-    MoeVariant v;
-    v.dedup = d, v.balance = b, v.balanceApplies = applies;
-    out.push_back(v);
-  };
-  for (int d : dedups) {
-    if (d == FUSCO_DEDUP_NONE || d == FUSCO_DEDUP_RANK) add(d, balances.front(), false);
-    else for (int b : balances) add(d, b, true);
-  }
-  return out;
-}
-
-std::string variantName(const MoeVariant& v, bool single) {
-  if (single) return "fusco";
-  std::string n = std::string("fusco[") + kDedupNames[v.dedup];
-  if (v.balanceApplies) n += std::string("/") + kBalanceNames[v.balance];
-  return n + "]";
-}
-
-double dtypeEps(fuscoDataType_t dt) {
-  return dt == fuscoFloat32 ? 1.0 / (1 << 20) : dt == fuscoFloat16 ? 1.0 / 2048 : 1.0 / 256;
-}
-
-}  // namespace perf
-}  // namespace fusco
-
 namespace {
-
-using fusco::perf::Launch;
-using namespace fusco::perf;
-
-
-void usage(const char* prog) {
-  printf(
-      "usage: %s [options]   (MoE dispatch + combine: fusco vs unfused vs MPI vs memcpy)\n"
-      "  --hidden N          elements per token row (7168)\n"
-      "  --dtype T           bf16 | fp16 | fp32 (bf16)\n"
-      "  --tokens N          tokens per rank (4096)\n"
-      "  --topk K            experts per token (8)\n"
-      "  --experts E         experts in all, contiguous blocks of E/nranks per rank (256)\n"
-      "  --pattern P         uniform | single-node | imbalanced | imbalanced-rails | zipf\n"
-      "                      (uniform; see moe_routing.h)\n"
-      "  --seed S            routing, weights and rows seed (1)\n"
-      "  -n N / -w N         timed / warmup iterations (5 / 1)\n"
-      "  -c 0|1              check every contender's dispatch bytes and combine (1)\n"
-      "  --dedup D[,D...]    auto | none | rank | node (auto); a list runs one fusco contender\n"
-      "                      per (dedup, balance) pair, interleaved, named fusco[node/greedy],\n"
-      "                      and prints the ratios between them (none / rank ignore --balance)\n"
-      "  --balance B[,B...]  auto | none | static | greedy (auto)\n"
-      "  --fuse on|off       off: the fusco contender runs the unfused pipeline (on)\n"
-      "  --replan on|off     plan every iteration, as routing changes every step (on); off:\n"
-      "                      plan once, reuse the handle and the pipelines' permutation\n"
-      "  --contenders LIST   comma list of fusco,unfused,mpi,limit (all available)\n"
-      "  -a 0|1|2            buffers from fuscoMemAlloc (1) or malloc (0) (1); with --mem cuda:\n"
-      "                      fuscoMemAlloc (1), cudaMalloc (0), cudaMalloc + fuscoCommRegister\n"
-      "                      (2)\n"
-      "  --mem M             host | cuda | auto: where x, recvX, out, ... live (host); cuda:\n"
-      "                      device buffers, stream-ordered calls, CUDA-kernel pipeline,\n"
-      "                      device-copy limit; auto: cuda when a CUDA device is present\n"
-      "  --mpi-launch M      auto | off: with -np N re-launch under mpirun for the mpi contender\n"
-      "  -np N               fork N local ranks (else mpirun / srun / torchrun, else 1 rank)\n"
-      "  -J FILE             append one JSON line per contender to FILE (rank 0)\n"
-      "  -h                  this help\n",
-      prog);
-}
-
-bool parseContenders(const char* v, bool* out) {
-  for (int c = 0; c < kNumContenders; ++c) out[c] = false;
-  std::string list = v;
-  size_t b = 0;
-  while (b <= list.size()) {
-    size_t e = list.find(',', b);
-    if (e == std::string::npos) e = list.size();
-    std::string name = list.substr(b, e - b);
-    int found = -1;
-    for (int c = 0; c < kNumContenders; ++c)
-      if (name == kContenderNames[c]) found = c;
-    if (found < 0) return false;
-    out[found] = true;
-    b = e + 1;
-  }
-  return true;
-}
-
-bool parseName(const char* v, const char* const* names, int n, int* out) {
-  for (int i = 0; i < n; ++i)
-    if (strcmp(v, names[i]) == 0) return (*out = i), true;
-  return false;
-}
-
-// A comma list of names (at least one, none empty).
-bool parseNameList(const char* v, const char* const* names, int n, std::vector<int>* out) {
-  out->clear();
-  std::string list = v;
-  size_t b = 0;
-  while (b <= list.size()) {
-    size_t e = list.find(',', b);
-    if (e == std::string::npos) e = list.size();
-    int i = 0;
-    if (!parseName(list.substr(b, e - b).c_str(), names, n, &i)) return false;
-    out->push_back(i);
-    b = e + 1;
-  }
-  return !out->empty();
-}
-
-// One option with its value; false on a bad value or an unknown option (*known = false).
-bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known) {
-  *known = true;
-  int i = 0;
-  if (a == "--hidden") return parseSize(v, &o->hidden) && o->hidden > 0;
-  if (a == "--tokens") return parseSize(v, &o->tokens);
-  if (a == "--topk") return parseInt(v, &o->topk) && o->topk >= 1;
-  if (a == "--experts") return parseInt(v, &o->experts) && o->experts >= 1;
-  if (a == "--seed") return parseInt(v, &i) && (o->seed = static_cast<uint64_t>(i), true);
-  if (a == "-n") return parseInt(v, &o->iters) && o->iters >= 1;
-  if (a == "-w") return parseInt(v, &o->warmup) && o->warmup >= 0;
-  if (a == "-c") return parseInt(v, &o->check) && (o->check == 0 || o->check == 1);
-  if (a == "-a") return parseInt(v, &o->arena) && o->arena >= 0 && o->arena <= 2;
-  if (a == "--mem") return parseMemMode(v, &o->mem);
-  if (a == "-np") return parseInt(v, &o->launch.np) && o->launch.np >= 1;
-  if (a == "-J") return (o->jsonPath = v), true;
-  if (a == "--pattern") return parsePattern(v, &o->pattern);
-  if (a == "--dedup") return parseNameList(v, kDedupNames, 4, &o->dedups);
-  if (a == "--balance") return parseNameList(v, kBalanceNames, 4, &o->balances);
-  if (a == "--contenders") return parseContenders(v, o->contenders);
-  static const char* const kOffOn[] = {"off", "on"};
-  static const char* const kOffAuto[] = {"off", "auto"};
-  if (a == "--fuse") return parseName(v, kOffOn, 2, &i) && ((o->fuse = i != 0), true);
-  if (a == "--replan") return parseName(v, kOffOn, 2, &i) && ((o->replan = i != 0), true);
-  if (a == "--mpi-launch") return parseName(v, kOffAuto, 2, &i) && ((o->mpiLaunch = i != 0), true);
-  if (a == "--dtype") {
-    const char* const names[] = {"bf16", "fp16", "fp32"};
-    const fuscoDataType_t types[] = {fuscoBfloat16, fuscoFloat16, fuscoFloat32};
-    return parseName(v, names, 3, &i) && (o->dtype = types[i], true);
-  }
-  *known = false;
-  return false;
-}
-
-// Returns 0 to run, 1 after -h, 2 on a bad command line (message printed).
-int parseArgs(int argc, char** argv, MoeOptions* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") return usage(argv[0]), 1;
-    if (a == "--mpi-probe") {
-      o->mpiProbe = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "%s: unknown option or missing value: %s (see -h)\n", argv[0], a.c_str());
-      return 2;
-    }
-    const char* v = argv[++i];
-    bool known = true;
-    if (!parseOption(a, v, o, &known)) {
-      fprintf(stderr, "%s: %s %s (see -h)\n", argv[0], known ? "bad value for" : "unknown option",
-              known ? (a + " " + v).c_str() : a.c_str());
-      return 2;
-    }
-  }
-  if (o->topk > o->experts) {
-    fprintf(stderr, "%s: --topk %d exceeds --experts %d\n", argv[0], o->topk, o->experts);
-    return 2;
-  }
-  o->variants = moeVariants(o->dedups, o->balances);
-  if (o->variants.size() > 1 && !o->fuse) {
-    fprintf(stderr, "%s: --fuse off runs the unfused pipeline as the fusco contender: give one "
-            "--dedup and one --balance value\n", argv[0]);
-    return 2;
-  }
-  return 0;
-}
 
 double nowMs() {
   return std::chrono::duration<double, std::milli>(
@@ -254,8 +56,10 @@ Bench::~Bench() {
   for (fuscoMoeHandle_t h : handles_)
     if (h != nullptr) fuscoMoeHandleDestroy(h);
   for (void* p : owned_) {
-    if (o_.arena) fuscoMemFree(comm_, p);
-    else free(p);
+    if (o_.arena)
+      fuscoMemFree(comm_, p);
+    else
+      free(p);
   }
   if (comm_ != nullptr) fuscoCommDestroy(comm_);
   if (json_ != nullptr) fclose(json_);
@@ -309,27 +113,24 @@ bool Bench::setup() {
     return false;
   nodeOfRank_.resize(l_.nranks);
   if (!allToAllSame(&node_, nodeOfRank_.data(), 1, fuscoInt32)) return false;
-  RoutingShape rs;
-  rs.nranks = l_.nranks;
-  rs.numExperts = o_.experts;
-  rs.topk = o_.topk;
-  rs.tokens = o_.tokens;
-  rs.seed = o_.seed;
-  rs.pattern = o_.pattern;
-  rs.nodeOfRank = nodeOfRank_;
-  makeRouting(rs, l_.rank, &topkIdx_);
+  if (o_.experts % l_.nranks != 0) {  // contiguous blocks of experts per rank
+    fprintf(stderr, "# rank %d: --experts %d is not a multiple of the %d ranks\n", l_.rank,
+            o_.experts, l_.nranks);
+    return false;
+  }
+  Router(o_.routing, nodeOfRank_).route(l_.rank, &topkIdx_);
   makeWeights(o_.seed, l_.rank, o_.tokens * o_.topk, &weights_);
   fuscoDataTypeSize(o_.dtype, &elem_);
   rowBytes_ = o_.hidden * elem_;
   if (o_.mem == MemMode::Cuda && !setupCuda()) return false;
   fuscoEx_ = makeFuscoExchange(comm_, l_.nranks);
-  unfused_.reset(new UnfusedPipeline(gpu_ ? gpu_->exchange() : fuscoEx_.get(), l_.rank,
-                                     l_.nranks, o_.experts, o_.topk, o_.tokens));
+  unfused_.reset(new UnfusedPipeline(gpu_ ? gpu_->exchange() : fuscoEx_.get(), l_.rank, l_.nranks,
+                                     o_.experts, o_.topk, o_.tokens));
 #ifdef FUSCO_HAVE_MPI
   if (l_.mpi && !gpu_) {  // host-only contender
     mpiEx_ = makeMpiExchange(l_.nranks);
-    mpi_.reset(new UnfusedPipeline(mpiEx_.get(), l_.rank, l_.nranks, o_.experts, o_.topk,
-                                   o_.tokens));
+    mpi_.reset(
+        new UnfusedPipeline(mpiEx_.get(), l_.rank, l_.nranks, o_.experts, o_.topk, o_.tokens));
   }
 #endif
   for (int c = 0; c < kNumContenders; ++c) active_[c] = o_.contenders[c];
@@ -383,10 +184,14 @@ bool Bench::runContender(int row, double* t, int64_t* wrong) {
   const Row& r = rows_[row];
   if (gpu_) return runCuda(r.kind, t, wrong);
   switch (r.kind) {
-    case kFusco: return o_.fuse ? runFusco(r.variant, t, wrong) : runPipeline(*unfused_, t, wrong);
-    case kUnfused: return runPipeline(*unfused_, t, wrong);
-    case kMpi: return runPipeline(*mpi_, t, wrong);
-    default: return runLimit(t);
+    case kFusco:
+      return o_.fuse ? runFusco(r.variant, t, wrong) : runPipeline(*unfused_, t, wrong);
+    case kUnfused:
+      return runPipeline(*unfused_, t, wrong);
+    case kMpi:
+      return runPipeline(*mpi_, t, wrong);
+    default:
+      return runLimit(t);
   }
 }
 
@@ -407,7 +212,8 @@ bool Bench::runFusco(int v, double* t, int64_t* wrong) {
   t[0] = nowMs() - t0;
   if (!barrier()) return false;
   t0 = nowMs();
-  if (!ok(fuscoMoeDispatch(handle, x_, rowBytes_, recvX_, nullptr), "fuscoMoeDispatch")) return false;
+  if (!ok(fuscoMoeDispatch(handle, x_, rowBytes_, recvX_, nullptr), "fuscoMoeDispatch"))
+    return false;
   t[1] = nowMs() - t0;
   if (!barrier()) return false;
   t0 = nowMs();
@@ -417,8 +223,10 @@ bool Bench::runFusco(int v, double* t, int64_t* wrong) {
   t[2] = nowMs() - t0;
   if (wrong == nullptr) return true;
   int64_t bad = 0;
-  if (o_.variants.size() > 1 && v == 0) checkRef_.assign(recvX_, recvX_ + recvRows_ * rowBytes_);
-  else if (v > 0) bad = compareDispatch(recvX_, recvRows_, checkRef_.data());
+  if (o_.variants.size() > 1 && v == 0)
+    checkRef_.assign(recvX_, recvX_ + recvRows_ * rowBytes_);
+  else if (v > 0)
+    bad = compareDispatch(recvX_, recvRows_, checkRef_.data());
   *wrong = bad + checkCombine();
   return true;
 }
@@ -436,13 +244,13 @@ bool Bench::runPipeline(UnfusedPipeline& p, double* t, int64_t* wrong) {
   if (!pipeOk(p.dispatch(x_, rowBytes_, p_, q_, p_), "pipeline dispatch", p)) return false;
   t[1] = nowMs() - t0;
   // untimed; with fusco variants, against the first variant's output
-  int64_t bad = wrong != nullptr
-                    ? compareDispatch(p_, p.recvRows(), checkRef_.empty() ? nullptr : checkRef_.data())
-                    : 0;
+  int64_t bad = wrong != nullptr ? compareDispatch(p_, p.recvRows(),
+                                                   checkRef_.empty() ? nullptr : checkRef_.data())
+                                 : 0;
   if (!barrier()) return false;
   t0 = nowMs();
-  if (!pipeOk(p.combine(p_, o_.dtype, o_.hidden, weights_.data(), q_, p_, out_),
-              "pipeline combine", p))
+  if (!pipeOk(p.combine(p_, o_.dtype, o_.hidden, weights_.data(), q_, p_, out_), "pipeline combine",
+              p))
     return false;
   t[2] = nowMs() - t0;
   if (wrong != nullptr) *wrong = bad + checkCombine();
@@ -494,8 +302,8 @@ int64_t Bench::checkCombine() const {
       double got = loadElement(o_.dtype, orow, j);
       if (std::fabs(got - want) <= 4 * eps * std::fabs(want) + 1e-6) continue;
       if (wrong++ < 3)
-        fprintf(stderr, "# rank %d: combine token %zu element %zu: got %g want %g\n", l_.rank, t,
-                j, got, want);
+        fprintf(stderr, "# rank %d: combine token %zu element %zu: got %g want %g\n", l_.rank, t, j,
+                got, want);
     }
   }
   return wrong;
@@ -597,7 +405,8 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
       double sum = 0;
       for (int p = 0; p < 3; ++p) {
         double m = 0;
-        for (int k = 0; k < n; ++k) m = std::max(m, all[k * mine.size() + (c * o_.iters + it) * 3 + p]);
+        for (int k = 0; k < n; ++k)
+          m = std::max(m, all[k * mine.size() + (c * o_.iters + it) * 3 + p]);
         ph[p].push_back(m);
         sum += m;
       }
@@ -627,8 +436,9 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
 }  // namespace fusco
 
 int main(int argc, char** argv) {
+  using namespace fusco::perf;
   MoeOptions o;
-  int rc = parseArgs(argc, argv, &o);
+  int rc = parseMoeArgs(argc, argv, &o);
   if (rc != 0) return rc == 1 ? 0 : rc;
   if (o.mpiProbe) return launchRanks(o.launch, [](const Launch& l) { return l.mpi ? 0 : 3; });
   if ((rc = resolveMemMode(argv[0], &o.mem)) != 0) return rc;
@@ -637,7 +447,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.mem == MemMode::Cuda && o.variants.size() > 1) {
-    fprintf(stderr, "%s: --mem cuda runs one fusco variant: give one --dedup and one --balance "
+    fprintf(stderr,
+            "%s: --mem cuda runs one fusco variant: give one --dedup and one --balance "
             "value (the --dedup/--balance lists, %zu variants here, run on host memory)\n",
             argv[0], o.variants.size());
     return 2;

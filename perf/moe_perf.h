@@ -1,6 +1,7 @@
-// moe_perf's options, its contenders and the Bench that runs them in one rank. Bench lives in
-// moe_perf.cc; its --mem cuda half (device setup, checks on host mirrors) in moe_perf_cuda.cc,
-// which drives the device side in moe_cuda.h.
+// moe_perf's options, its contenders and the Bench that runs them in one rank. The command line
+// is parsed in moe_options.cc; Bench lives in moe_perf.cc, its report in moe_perf_report.cc and its
+// --mem cuda half (device setup, checks on host mirrors) in moe_perf_cuda.cc, which drives the
+// device side in moe_cuda.h.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include "moe_baselines.h"
 #include "moe_cuda.h"
 #include "moe_routing.h"
+#include "moe_rows.h"
 
 namespace fusco {
 namespace perf {
@@ -41,13 +43,13 @@ struct MoeOptions {
   size_t tokens = 4096;
   int topk = 8;
   int experts = 256;
-  Pattern pattern = Pattern::Uniform;
+  RoutingSpec routing;  // --pattern and its skew knobs; experts, topk, tokens, seed copied in
   uint64_t seed = 1;
   int iters = 5;
   int warmup = 1;
   int check = 1;
-  std::vector<int> dedups = {FUSCO_DEDUP_AUTO};        // --dedup list, as given
-  std::vector<int> balances = {FUSCO_BALANCE_AUTO};    // --balance list, as given
+  std::vector<int> dedups = {FUSCO_DEDUP_AUTO};      // --dedup list, as given
+  std::vector<int> balances = {FUSCO_BALANCE_AUTO};  // --balance list, as given
   std::vector<MoeVariant> variants;  // distinct (dedup, balance) pairs, dedup-major (parseArgs);
                                      // the CUDA path runs the first
   bool fuse = true;
@@ -61,10 +63,14 @@ struct MoeOptions {
   LaunchOptions launch;
 };
 
+// Parses argv into *o. Returns 0 to run, 1 after -h, 2 on a bad command line (message printed).
+int parseMoeArgs(int argc, char** argv, MoeOptions* o);
+
 const char* dtypeName(fuscoDataType_t dt);
 fuscoMoeConfig_t moeConfig(const MoeOptions& o, const MoeVariant& v);
 // The distinct variants of dedups x balances (none / rank once each, with balances[0]).
-std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups, const std::vector<int>& balances);
+std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups,
+                                    const std::vector<int>& balances);
 // "fusco" for a single variant, else "fusco[node/greedy]" ("fusco[none]" where balance is moot).
 std::string variantName(const MoeVariant& v, bool single);
 // Relative size of one rounding to dt.
@@ -115,6 +121,7 @@ class Bench {
   bool trafficOf(int row, int64_t* intra, int64_t* inter);
   bool summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
                  std::vector<Result>* res);
+  double zipfS() const;
   void printHeader(const std::vector<int64_t>& rowsPerRank) const;
   void printTable(const std::vector<Result>& res) const;
   void printVariantRatios(const std::vector<Result>& res) const;

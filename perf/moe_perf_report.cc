@@ -13,6 +13,11 @@
 namespace fusco {
 namespace perf {
 
+// The popularity exponent the routing used (the pattern's default unless --zipf-s was given).
+double Bench::zipfS() const {
+  return o_.routing.zipfS >= 0 ? o_.routing.zipfS : defaultZipfS(o_.routing.pattern);
+}
+
 void Bench::printHeader(const std::vector<int64_t>& rows) const {
   int version = 0;
   fuscoGetVersion(&version);
@@ -32,9 +37,10 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
         gpu_->cuda().gpuName.c_str(), gpu_->cuda().device, gpu_->cuda().deviceCount);
   printf(
       "# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
-      "pattern %s seed %llu\n",
+      "pattern %s (zipf s %.2f, imb-ratio %.1f) seed %llu\n",
       o_.tokens, o_.hidden, dtypeName(o_.dtype), rowBytes_, o_.topk, o_.experts,
-      o_.experts / l_.nranks, patternName(o_.pattern), static_cast<unsigned long long>(o_.seed));
+      o_.experts / l_.nranks, patternName(o_.routing.pattern), zipfS(), o_.routing.imbRatio,
+      static_cast<unsigned long long>(o_.seed));
   std::string dedups, balances;
   for (int d : o_.dedups) dedups += (dedups.empty() ? "" : ",") + std::string(kDedupNames[d]);
   for (int b : o_.balances)
@@ -213,15 +219,16 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
   snprintf(buf, sizeof(buf),
            "{\"bench\":\"moe_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
            "\"tokens\":%zu,\"hidden\":%zu,\"dtype\":\"%s\",\"topk\":%d,\"experts\":%d,"
-           "\"pattern\":\"%s\",\"dedup\":\"%s\",\"balance\":\"%s\",\"fuse\":%d,\"replan\":%d,"
+           "\"pattern\":\"%s\",\"zipf_s\":%.3f,\"dedup\":\"%s\",\"balance\":\"%s\",\"fuse\":%d,"
+           "\"replan\":%d,"
            "\"arena\":%d,\"iters\":%d,\"contender\":\"%s\",\"plan_ms\":%.3f,\"dispatch_ms\":%.3f,"
            "\"combine_ms\":%.3f,\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,"
            "\"intra_bytes\":%lld,\"inter_bytes\":%lld,\"inter_bytes_max_rank\":%lld,\"checked\":%d,"
            "\"wrong\":%lld%s}\n",
            static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens, o_.hidden,
-           dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.pattern), dedup.c_str(),
-           balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters, r.name.c_str(), r.plan,
-           r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
+           dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.routing.pattern), zipfS(),
+           dedup.c_str(), balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters, r.name.c_str(),
+           r.plan, r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
            static_cast<long long>(r.inter), static_cast<long long>(r.interMax), o_.check,
            static_cast<long long>(r.wrong),
            cudaJson(r, diffs && c != kLimit && (c != kFusco || !o_.fuse)).c_str());

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 
-#include "device/reduce.h"
 #include "perf_rng.h"
 
 namespace fusco {
@@ -14,53 +14,45 @@ namespace perf {
 
 namespace {
 
-// A discrete distribution over a candidate list (cumulative weights, binary search per draw).
-struct Sampler {
-  std::vector<int> experts;
-  std::vector<double> cdf;
-  void build(const std::vector<int>& cand, const std::vector<double>& weightOfExpert) {
-    experts = cand;
-    cdf.resize(cand.size());
-    double acc = 0;
-    for (size_t i = 0; i < cand.size(); ++i) cdf[i] = acc += weightOfExpert[cand[i]];
-  }
-  int draw(std::mt19937_64& rng) const {
-    double u = std::uniform_real_distribution<double>(0.0, cdf.back())(rng);
-    size_t i = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
-    return experts[std::min(i, experts.size() - 1)];
-  }
-};
+const struct {
+  const char* name;
+  Pattern p;
+  double zipfS;
+} kPatterns[] = {{"uniform", Pattern::Uniform, 0.0},        {"zipf", Pattern::Zipf, 1.0},
+                 {"single-node", Pattern::SingleNode, 0.0}, {"real-world", Pattern::RealWorld, 0.1},
+                 {"imbalanced", Pattern::Imbalanced, 0.7},  {"hot-ranks", Pattern::HotRanks, 0.0}};
 
-std::vector<double> expertWeights(const RoutingShape& s) {
-  std::vector<double> w(s.numExperts, 1.0);
-  if (s.pattern == Pattern::Imbalanced) {
-    const int perRank = s.numExperts / s.nranks;
-    const int hotRanks = (s.nranks + 1) / 2;
-    for (int e = 0; e < s.numExperts; ++e) w[e] = e / perRank < hotRanks ? 3.0 : 1.0;
-  } else if (s.pattern == Pattern::Zipf) {
-    std::vector<int> order(s.numExperts);
-    std::iota(order.begin(), order.end(), 0);
-    std::mt19937_64 rng(mix64(s.seed ^ 0x21bfULL));  // same permutation on every rank
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int i = 0; i < s.numExperts; ++i) w[order[i]] = 1.0 / (i + 1.0);
-  }
-  return w;
+// The splitmix64 stream: fast, and plenty for routing draws.
+double uniform(uint64_t* s) { return static_cast<double>(splitmixNext(s) >> 11) * 0x1.0p-53; }
+
+// Index of the first cumulative weight above u * total (a draw weighted by the cdf's steps).
+size_t pick(const std::vector<double>& cdf, double u) {
+  const size_t i = std::upper_bound(cdf.begin(), cdf.end(), u * cdf.back()) - cdf.begin();
+  return std::min(i, cdf.size() - 1);
+}
+
+bool parseDouble(const char* v, double* out) {
+  char* end = nullptr;
+  const double d = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !std::isfinite(d)) return false;
+  *out = d;
+  return true;
+}
+
+bool parseCount(const char* v, int* out) {
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < -1000000 || n > 1000000) return false;
+  *out = static_cast<int>(n);
+  return true;
 }
 
 }  // namespace
 
 bool parsePattern(const char* name, Pattern* out) {
-  static const struct {
-    const char* name;
-    Pattern p;
-  } kNames[] = {{"uniform", Pattern::Uniform},
-                {"single-node", Pattern::SingleNode},
-                {"imbalanced", Pattern::Imbalanced},
-                {"zipf", Pattern::Zipf},
-                {"imbalanced-rails", Pattern::ImbalancedRails}};
-  for (const auto& n : kNames) {
-    if (strcmp(n.name, name) == 0) {
-      *out = n.p;
+  for (const auto& p : kPatterns) {
+    if (strcmp(p.name, name) == 0) {
+      *out = p.p;
       return true;
     }
   }
@@ -68,97 +60,164 @@ bool parsePattern(const char* name, Pattern* out) {
 }
 
 const char* patternName(Pattern p) {
-  switch (p) {
-    case Pattern::Uniform: return "uniform";
-    case Pattern::SingleNode: return "single-node";
-    case Pattern::Imbalanced: return "imbalanced";
-    case Pattern::Zipf: return "zipf";
-    case Pattern::ImbalancedRails: return "imbalanced-rails";
-  }
+  for (const auto& e : kPatterns)
+    if (e.p == p) return e.name;
   return "?";
 }
 
-void makeRouting(const RoutingShape& s, int rank, std::vector<int64_t>* topkIdx) {
-  const std::vector<double> weight = expertWeights(s);
-  std::vector<int> all(s.numExperts);
-  std::iota(all.begin(), all.end(), 0);
-  Sampler global;
-  global.build(all, weight);
-  // single-node: one sampler per node (nodes with too few experts use the global one).
-  int numNodes = 1;
-  for (int n : s.nodeOfRank) numNodes = std::max(numNodes, n + 1);
-  const bool rails = s.pattern == Pattern::ImbalancedRails && numNodes > 1;
-  const bool byNode = (s.pattern == Pattern::SingleNode || rails) && numNodes > 1;
-  std::vector<Sampler> perNode(byNode ? numNodes : 0);
-  const int perRank = s.numExperts / s.nranks;
-  for (int node = 0; node < static_cast<int>(perNode.size()); ++node) {
-    std::vector<int> cand;
-    for (int e = 0; e < s.numExperts; ++e)
-      if (s.nodeOfRank[e / perRank] == node) cand.push_back(e);
-    perNode[node].build(static_cast<int>(cand.size()) >= s.topk ? cand : all, weight);
+const char* patternNameList() {
+  return "uniform | zipf | single-node | real-world | imbalanced | hot-ranks";
+}
+
+double defaultZipfS(Pattern p) {
+  for (const auto& e : kPatterns)
+    if (e.p == p) return e.zipfS;
+  return 0.0;
+}
+
+bool parseRoutingFlag(const std::string& flag, const char* value, RoutingSpec* spec, bool* known) {
+  *known = true;
+  if (flag == "--pattern") return parsePattern(value, &spec->pattern);
+  if (flag == "--zipf-s") return parseDouble(value, &spec->zipfS);
+  if (flag == "--imb-ratio") return parseDouble(value, &spec->imbRatio);
+  if (flag == "--max-nodes") return parseCount(value, &spec->maxNodes);
+  if (flag == "--imb-max-nodes") return parseCount(value, &spec->imbMaxNodes);
+  *known = false;
+  return false;
+}
+
+const char* routingFlagsHelp() {
+  return "  --pattern P         uniform | zipf | single-node | real-world | imbalanced |\n"
+         "                      hot-ranks (perf/moe_routing.h)\n"
+         "  --zipf-s S          expert popularity exponent (default per pattern: real-world 0.1,\n"
+         "                      imbalanced 0.7, zipf 1.0, others 0)\n"
+         "  --imb-ratio R       imbalanced: heavy / light cross-node data; hot-ranks: hot / cold\n"
+         "                      expert weight (3)\n"
+         "  --max-nodes M       real-world: nodes a token's experts may span (4)\n"
+         "  --imb-max-nodes M   imbalanced: remote nodes a remote token may span (0: all)\n";
+}
+
+bool checkRoutingSpec(const RoutingSpec& s, std::string* err) {
+  if (s.maxNodes < 1 || s.imbMaxNodes < 0 || !(s.imbRatio >= 1)) {
+    *err = "need --max-nodes >= 1, --imb-max-nodes >= 0, --imb-ratio >= 1";
+    return false;
   }
-  // imbalanced-rails: this rank's local index and its node's size decide heavy or light.
-  const int myNode = s.nodeOfRank.empty() ? 0 : s.nodeOfRank[rank];
-  int localIndex = 0, localSize = 0;
-  for (int r = 0; r < s.nranks && rails; ++r) {
-    if (s.nodeOfRank[r] != myNode) continue;
+  if (s.topk < 1 || s.topk > s.numExperts) {
+    *err = "need 1 <= topk <= experts (topk " + std::to_string(s.topk) + ", experts " +
+           std::to_string(s.numExperts) + ")";
+    return false;
+  }
+  return true;
+}
+
+std::vector<int> contiguousNodes(int nodes, int ranksPerNode) {
+  std::vector<int> n(static_cast<size_t>(nodes) * ranksPerNode);
+  for (size_t r = 0; r < n.size(); ++r) n[r] = static_cast<int>(r) / ranksPerNode;
+  return n;
+}
+
+Router::Router(const RoutingSpec& spec, std::vector<int> nodeOfRank)
+    : spec_(spec), nodeOfRank_(std::move(nodeOfRank)) {
+  const int nranks = std::max<int>(1, static_cast<int>(nodeOfRank_.size()));
+  if (nodeOfRank_.empty()) nodeOfRank_.assign(1, 0);
+  for (int n : nodeOfRank_) numNodes_ = std::max(numNodes_, n + 1);
+  const int perRank = std::max(1, spec.numExperts / nranks);
+  auto rankOf = [&](int e) { return std::min(e / perRank, nranks - 1); };  // guards a bad spec
+  const double s = spec.zipfS >= 0 ? spec.zipfS : defaultZipfS(spec.pattern);
+  std::vector<int> order(spec.numExperts);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 perm(mix64(spec.seed ^ 0x21bfULL));  // the same popularity on every rank
+  std::shuffle(order.begin(), order.end(), perm);
+  weight_.assign(spec.numExperts, 1.0);
+  for (int i = 0; i < spec.numExperts; ++i) weight_[order[i]] = 1.0 / std::pow(i + 1.0, s);
+  if (spec.pattern == Pattern::HotRanks) {
+    const int hotRanks = (nranks + 1) / 2;
+    for (int e = 0; e < spec.numExperts; ++e)
+      if (rankOf(e) < hotRanks) weight_[e] *= spec.imbRatio;
+  }
+  nodeExperts_.assign(numNodes_, {});
+  for (int e = 0; e < spec.numExperts; ++e) nodeExperts_[nodeOfRank_[rankOf(e)]].push_back(e);
+  cdf_.assign(numNodes_, {});
+  double nodeAcc = 0;
+  for (int n = 0; n < numNodes_; ++n) {
+    double acc = 0;
+    for (int e : nodeExperts_[n]) cdf_[n].push_back(acc += weight_[e]);
+    nodeCdf_.push_back(nodeAcc += acc);
+  }
+  double acc = 0;
+  for (double w : weight_) globalCdf_.push_back(acc += w);
+}
+
+void Router::chooseNodes(uint64_t* rng, int myNode, bool heavy, std::vector<int>* chosen) const {
+  const RoutingSpec& s = spec_;
+  const int nodes = numNodes_;
+  chosen->clear();
+  if (s.pattern == Pattern::SingleNode) {
+    chosen->push_back(static_cast<int>(splitmixNext(rng) % static_cast<uint64_t>(nodes)));
+    return;
+  }
+  if (s.pattern != Pattern::RealWorld && s.pattern != Pattern::Imbalanced) return;  // every expert
+  const bool imbalanced = s.pattern == Pattern::Imbalanced;
+  bool remoteOnly = false;
+  if (imbalanced && nodes > 1) {
+    remoteOnly = heavy || uniform(rng) * s.imbRatio < 1.0;
+    if (!remoteOnly) {
+      chosen->push_back(myNode);
+      return;
+    }
+  }
+  const int avail = nodes - (remoteOnly ? 1 : 0);
+  const int limit = imbalanced ? (s.imbMaxNodes > 0 ? s.imbMaxNodes : avail) : s.maxNodes;
+  const int want = std::min(limit, avail);
+  if (want >= nodes) return;  // every node: every expert
+  if (want == avail) {        // every remote node: no draw needed
+    for (int n = 0; n < nodes; ++n)
+      if (n != myNode) chosen->push_back(n);
+  }
+  while (static_cast<int>(chosen->size()) < want) {
+    const int n = static_cast<int>(pick(nodeCdf_, uniform(rng)));
+    if (remoteOnly && n == myNode) continue;
+    if (std::find(chosen->begin(), chosen->end(), n) == chosen->end()) chosen->push_back(n);
+  }
+}
+
+void Router::route(int rank, std::vector<int64_t>* topkIdx) const {
+  const RoutingSpec& s = spec_;
+  const int myNode = nodeOfRank_[rank];
+  int localIndex = 0, localSize = 0;  // imbalanced: the first half by local index is heavy
+  for (int r = 0; r < static_cast<int>(nodeOfRank_.size()); ++r) {
+    if (nodeOfRank_[r] != myNode) continue;
     localIndex += r < rank;
     ++localSize;
   }
   const bool heavy = localIndex < (localSize + 1) / 2;
-  std::mt19937_64 rng(mix64(s.seed * 0x100000001b3ULL + static_cast<uint64_t>(rank)));
+  uint64_t rng = mix64(s.seed * 0x100000001b3ULL + static_cast<uint64_t>(rank) * 0x9e37ULL +
+                       static_cast<uint64_t>(s.pattern));
   topkIdx->assign(s.tokens * s.topk, -1);
+  std::vector<int> chosen;        // the nodes a token may use (empty: every expert)
+  std::vector<double> chosenCdf;  // their cumulative weight
   for (size_t t = 0; t < s.tokens; ++t) {
-    const Sampler* sm = &global;
-    if (rails) {
-      const bool away = heavy || std::uniform_int_distribution<int>(0, 2)(rng) == 0;
-      int node = myNode;
-      if (away) node = (myNode + 1 + std::uniform_int_distribution<int>(0, numNodes - 2)(rng)) % numNodes;
-      sm = &perNode[node];
-    } else if (byNode) {
-      sm = &perNode[std::uniform_int_distribution<int>(0, numNodes - 1)(rng)];
-    }
+    chooseNodes(&rng, myNode, heavy, &chosen);
+    size_t reachable = 0;
+    for (int n : chosen) reachable += nodeExperts_[n].size();
+    const bool global = reachable < static_cast<size_t>(s.topk);  // empty included
+    chosenCdf.clear();
+    double acc = 0;
+    for (int n : chosen) chosenCdf.push_back(acc += cdf_[n].back());
     int64_t* row = topkIdx->data() + t * s.topk;
     for (int k = 0; k < s.topk; ++k) {
       int e;
       do {
-        e = sm->draw(rng);
+        if (global) {
+          e = static_cast<int>(pick(globalCdf_, uniform(&rng)));
+        } else {
+          const int n = chosen.size() == 1 ? chosen[0] : chosen[pick(chosenCdf, uniform(&rng))];
+          e = nodeExperts_[n][pick(cdf_[n], uniform(&rng))];
+        }
       } while (std::find(row, row + k, e) != row + k);  // distinct experts per token
       row[k] = e;
     }
   }
-}
-
-void makeWeights(uint64_t seed, int rank, size_t n, std::vector<float>* w) {
-  std::mt19937_64 rng(mix64(seed ^ 0x5eedULL ^ (static_cast<uint64_t>(rank) << 40)));
-  std::uniform_real_distribution<float> d(0.05f, 1.0f);
-  w->resize(n);
-  for (float& v : *w) v = d(rng);
-}
-
-void fillRows(fuscoDataType_t dt, size_t hidden, size_t tokens, uint64_t seed, int rank, void* x) {
-  const uint64_t base = mix64(seed ^ (static_cast<uint64_t>(rank) << 48) ^ 0xa11ULL);
-  for (size_t t = 0; t < tokens; ++t) {
-    for (size_t j = 0; j < hidden; ++j) {
-      // 24 random bits -> [-1, 1): exact in fp32, rounded in bf16 / fp16.
-      uint64_t h = mix64(base + t * hidden + j);
-      float f = static_cast<float>(static_cast<int32_t>(h >> 40) - (1 << 23)) / (1 << 23);
-      size_t i = t * hidden + j;
-      if (dt == fuscoFloat32) {
-        static_cast<float*>(x)[i] = f;
-      } else if (dt == fuscoBfloat16) {
-        static_cast<uint16_t*>(x)[i] = floatToBf16(f);
-      } else {
-        static_cast<uint16_t*>(x)[i] = floatToHalf(f);
-      }
-    }
-  }
-}
-
-float loadElement(fuscoDataType_t dt, const void* row, size_t j) {
-  if (dt == fuscoFloat32) return static_cast<const float*>(row)[j];
-  uint16_t h = static_cast<const uint16_t*>(row)[j];
-  return dt == fuscoBfloat16 ? bf16ToFloat(h) : halfToFloat(h);
 }
 
 }  // namespace perf

@@ -1,63 +1,103 @@
-// Traffic patterns for moe_perf: seeded router outputs (topk_idx), routing weights and token rows.
-//
-// Experts are placed in contiguous blocks (fuscoMoeConfig_t.expertToRank = NULL): expert e lives on
-// rank e / (numExperts / nranks). Every pattern draws `topk` distinct experts per token; the draw
-// order is the k order (as a router's top-k would be, unsorted by expert id).
-//   uniform      every expert equally likely.
-//   single-node  each token first draws a node uniformly, then its experts uniformly among that
-//                node's experts (all of a token's experts on one node). With one node this makes
-//                exactly the same draws as uniform. A node with fewer than topk experts falls back
-//                to all experts for its tokens.
-//   imbalanced   bimodal load: the experts of the first half of the ranks (ranks < ceil(n/2), "hot")
-//                are 3x as likely to be drawn as those of the other ranks, so a hot rank receives
-//                about 3x the rows of a cold one (with several nodes the first nodes are hot).
-//   zipf         expert popularity ~ Zipf(s = 1.0): the i-th most popular expert has weight
-//                1/(i+1); the popularity order is a seeded random permutation of the experts, the
-//                same on every rank.
-//   imbalanced-rails  (several nodes) on every node the first half of the ranks by local index (the
-//                same local indices on every node, so the same rails) send 3x the cross-node rows
-//                of the other half: each token of a heavy rank takes all its experts on one other
-//                node; a light rank's token does so with probability 1/3, else stays on its node.
-// Everything is deterministic in (seed, rank), so every contender sees the same routing.
+// The MoE routing generator shared by moe_perf and tools/fusco_sim: seeded, deterministic router
+// outputs (topk_idx) for any rank of a cluster described by its node layout (node of every rank),
+// experts in contiguous blocks per rank (expert e lives on rank e / (numExperts / nranks), as
+// fuscoMoeConfig_t.expertToRank = NULL places them). Every pattern draws `topk` distinct experts
+// per token, in draw (k) order, each draw weighted by expert popularity: a Zipf(s) law over a
+// seeded permutation of the experts (the same on every rank; s = 0 is uniform).
+//   uniform      every expert equally likely (s = 0), no node limit.
+//   zipf         no node limit, popularity Zipf(s = 1.0).
+//   single-node  each token picks one node uniformly, then all its experts on that node (s = 0).
+//   real-world   DeepSeek-style group-limited routing: each token first picks at most maxNodes
+//                distinct nodes (weighted by their experts' total popularity), then its experts
+//                among those nodes' experts only. Popularity Zipf(s = 0.1): mild skew.
+//   imbalanced   bimodal per-rank load on the rails: on every node the first half of the ranks by
+//                local index ("heavy"; the same local indices, so the same rails, on every node)
+//                send ~imbRatio x the cross-node data of the other half. A heavy rank's token takes
+//                its experts on remote nodes only (at most imbMaxNodes of them; 0: no limit, the
+//                default); a light rank's token does so with probability 1/imbRatio and otherwise
+//                stays on its own node. Hot experts: popularity Zipf(s = 0.7). No group limit.
+//   hot-ranks    bimodal receive load: the experts of the first half of the ranks
+//                (ranks < ceil(n/2)) are imbRatio x as likely to be drawn (s = 0 otherwise), so a
+//                hot rank receives about imbRatio x the rows of a cold one; no node limit.
+// A node whose experts (or a token's chosen nodes' experts) number fewer than topk falls back to
+// drawing among all experts. A pattern's skew can be overridden (zipfS >= 0). Deterministic in
+// (seed, pattern, rank) for a given spec and layout. Pure host C++: no fusco header needed.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
-
-#include "fusco.h"
 
 namespace fusco {
 namespace perf {
 
-enum class Pattern { Uniform, SingleNode, Imbalanced, Zipf, ImbalancedRails };
+// The values are part of each rank's seed (kept stable so recorded figures stay reproducible).
+enum class Pattern : int {
+  RealWorld = 0,
+  SingleNode = 1,
+  Imbalanced = 2,
+  Zipf = 3,
+  Uniform = 4,
+  HotRanks = 5
+};
 
 // Returns false on an unknown name.
 bool parsePattern(const char* name, Pattern* out);
 const char* patternName(Pattern p);
+// "uniform | zipf | single-node | real-world | imbalanced | hot-ranks", for usage texts.
+const char* patternNameList();
+// The pattern's default popularity exponent (real-world 0.1, imbalanced 0.7, zipf 1.0, else 0).
+double defaultZipfS(Pattern p);
 
-struct RoutingShape {
-  int nranks = 1;
-  int numExperts = 1;
-  int topk = 1;
-  size_t tokens = 0;  // per rank
+struct RoutingSpec {
+  int numExperts = 256;  // a multiple of nranks
+  int topk = 8;
+  size_t tokens = 4096;  // per rank
   uint64_t seed = 1;
   Pattern pattern = Pattern::Uniform;
-  std::vector<int> nodeOfRank;  // [nranks]
+  int maxNodes = 4;       // real-world: nodes a token's experts may span
+  int imbMaxNodes = 0;    // imbalanced: remote nodes a remote token may span (0: every one)
+  double imbRatio = 3.0;  // imbalanced: heavy / light cross-node data; hot-ranks: hot / cold
+  double zipfS = -1;      // < 0: the pattern's default
 };
 
-// [out] topkIdx: tokens x topk global expert ids for `rank`. Requires topk <= numExperts and
-// numExperts % nranks == 0 (checked by the caller).
-void makeRouting(const RoutingShape& s, int rank, std::vector<int64_t>* topkIdx);
+// The routing knobs both tools take, with the same names and meanings:
+//   --pattern P, --zipf-s S, --imb-ratio R, --max-nodes M, --imb-max-nodes M.
+// Returns false (and sets *known = false) for a flag that is not one of them; false with *known
+// true for a bad value.
+bool parseRoutingFlag(const std::string& flag, const char* value, RoutingSpec* spec, bool* known);
+// One line per flag above, for usage texts.
+const char* routingFlagsHelp();
+// Checks the knobs (maxNodes >= 1, imbMaxNodes >= 0, imbRatio >= 1, 1 <= topk <= numExperts);
+// false with *err on a bad spec.
+bool checkRoutingSpec(const RoutingSpec& spec, std::string* err);
 
-// [out] w: n routing weights in [0.05, 1), seeded by (seed, rank).
-void makeWeights(uint64_t seed, int rank, size_t n, std::vector<float>* w);
+// The node of every rank of `nodes` x `ranksPerNode` ranks, ranks numbered node-major.
+std::vector<int> contiguousNodes(int nodes, int ranksPerNode);
 
-// Fills tokens rows of `hidden` elements of dt at x with seeded values in [-1, 1).
-void fillRows(fuscoDataType_t dt, size_t hidden, size_t tokens, uint64_t seed, int rank, void* x);
+// Precomputed popularity and samplers for one spec and layout (built once, then used for every
+// rank). Requires numExperts % nodeOfRank.size() == 0 and topk <= numExperts.
+class Router {
+ public:
+  Router(const RoutingSpec& spec, std::vector<int> nodeOfRank);
+  // [out] topkIdx: tokens x topk global expert ids of `rank`, in draw (k) order.
+  void route(int rank, std::vector<int64_t>* topkIdx) const;
+  const RoutingSpec& spec() const { return spec_; }
 
-// Reads element j of a row of dt as float (bf16 / fp16 / fp32).
-float loadElement(fuscoDataType_t dt, const void* row, size_t j);
+ private:
+  // The nodes a token of this rank may draw from (empty: every expert).
+  void chooseNodes(uint64_t* rng, int myNode, bool heavy, std::vector<int>* chosen) const;
+
+  RoutingSpec spec_;
+  std::vector<int> nodeOfRank_;
+  int numNodes_ = 1;
+  std::vector<double> weight_;                 // [numExperts] popularity
+  std::vector<std::vector<int>> nodeExperts_;  // [nodes] the node's experts, ascending
+  std::vector<std::vector<double>> cdf_;       // [nodes] cumulative expert weight within the node
+  std::vector<double> nodeCdf_;                // cumulative node weight
+  std::vector<double> globalCdf_;              // cumulative expert weight over every expert
+};
 
 }  // namespace perf
 }  // namespace fusco

@@ -1,6 +1,7 @@
-// perf/fusco_sim's link accounting (perf/fusco_sim_model.h) on a tiny cluster, 2 nodes x 2 GPUs,
-// with bytes computed by hand, and its routing patterns' promises (perf/fusco_sim_routing.h).
-// fusco_sim_lib comes from perf/ (FUSCO_BUILD_PERF); without it these tests are not compiled.
+// tools/fusco_sim's link accounting (tools/fusco_sim/fusco_sim_model.h) on a tiny cluster, 2 nodes
+// x 2 GPUs, with bytes computed by hand, and its routing patterns' promises (perf/moe_routing.h,
+// through tools/fusco_sim/fusco_sim_routing.h). fusco_sim_lib comes from tools/ (built with
+// FUSCO_BUILD_PERF); without it these tests are not compiled.
 #include <gtest/gtest.h>
 
 #if __has_include("fusco_sim_model.h")
@@ -123,32 +124,32 @@ std::set<int> nodesOfToken(const std::vector<int64_t>& idx, size_t t, int topk, 
 TEST(FuscoSim, RoutingPatternsKeepTheirNodePromises) {
   SimRoutingSpec s;  // 8 x 8, 256 experts, top-8: 32 experts per node
   s.tokens = 256;
-  for (SimPattern p : {SimPattern::RealWorld, SimPattern::SingleNode, SimPattern::Imbalanced}) {
+  for (Pattern p : {Pattern::RealWorld, Pattern::SingleNode, Pattern::Imbalanced}) {
     for (int imbMax : {0, 4}) {
-      if (imbMax && p != SimPattern::Imbalanced) continue;
+      if (imbMax && p != Pattern::Imbalanced) continue;
       s.pattern = p;
       s.imbMaxNodes = imbMax;
       const SimRouter router(s);
       std::vector<int64_t> a, b;
       router.route(3, &a);
       router.route(3, &b);
-      EXPECT_EQ(a, b) << simPatternName(p);  // deterministic
+      EXPECT_EQ(a, b) << perf::patternName(p);  // deterministic
       size_t widest = 0;
       for (size_t t = 0; t < s.tokens; ++t) {
         const std::set<int> n = nodesOfToken(a, t, s.topk, 32);
         widest = std::max(widest, n.size());
-        const size_t limit = p == SimPattern::SingleNode ? 1
-                             : p == SimPattern::RealWorld ? 4
-                             : imbMax                     ? 4
-                                                          : 7;
-        EXPECT_LE(n.size(), limit) << simPatternName(p) << " token " << t;
+        const size_t limit = p == Pattern::SingleNode  ? 1
+                             : p == Pattern::RealWorld ? 4
+                             : imbMax                  ? 4
+                                                       : 7;
+        EXPECT_LE(n.size(), limit) << perf::patternName(p) << " token " << t;
         // Rank 3 is heavy (local index < 4): under imbalanced it never stays on node 0.
-        if (p == SimPattern::Imbalanced) {
+        if (p == Pattern::Imbalanced) {
           EXPECT_EQ(n.count(0), 0u) << "token " << t;
         }
       }
       // Without a node cap, some of 256 hot-skewed top-8 tokens span more than 4 nodes.
-      if (p == SimPattern::Imbalanced && imbMax == 0) {
+      if (p == Pattern::Imbalanced && imbMax == 0) {
         EXPECT_GT(widest, 4u);
       }
     }
@@ -160,7 +161,7 @@ TEST(FuscoSim, RoutingPatternsKeepTheirNodePromises) {
 TEST(FuscoSim, ImbalancedHeavyRanksSendImbRatioTimesTheCrossNodeRows) {
   SimRoutingSpec s;  // 8 x 8
   s.tokens = 4096;
-  s.pattern = SimPattern::Imbalanced;
+  s.pattern = Pattern::Imbalanced;
   const SimRouter router(s);
   const int perRank = s.numExperts / (s.nodes * s.gpus);
   double heavy = 0, light = 0;

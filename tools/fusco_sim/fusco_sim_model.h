@@ -1,5 +1,5 @@
-// perf/fusco_sim: link accounting from the REAL planner and balancer (src/plan), and the link model
-// that turns bytes per link into time. Pure host code: no transport, no CUDA.
+// tools/fusco_sim: link accounting from the REAL planner and balancer (src/plan), and the link
+// model that turns bytes per link into time. Pure host code: no transport, no CUDA.
 //
 // Accounting (dispatch; combine is its mirror: every link's send and receive bytes swapped, since
 // combine returns the same rows the same way back, one partial per (token, node) under NODE dedup):

@@ -1,4 +1,4 @@
-// perf/fusco_sim: a cluster-scale simulator that runs the REAL planner and balancer (src/plan) for
+// tools/fusco_sim: a cluster-scale simulator that runs the REAL planner and balancer (src/plan) for
 // every rank of a simulated N nodes x G GPUs cluster, counts the bytes on every link per strategy
 // (fusco_sim_model.h) and turns them into predicted dispatch + combine times with a link model;
 // prints them next to the FUSCO paper's published EP64 figures, then times one rank's whole host
@@ -24,13 +24,9 @@ namespace {
 struct Options {
   int nodes = 8, gpus = 8, hidden = 7168, elemBytes = 2, topk = 8, experts = 256;
   std::vector<size_t> tokens = {4096, 8192, 16384, 32768};
-  std::vector<SimPattern> patterns = {SimPattern::RealWorld, SimPattern::SingleNode,
-                                      SimPattern::Imbalanced, SimPattern::Zipf};
-  uint64_t seed = 1;
-  int maxNodes = 4;
-  int imbMaxNodes = 0;
-  double imbRatio = 3.0;
-  double zipfS = -1;  // < 0: each pattern's default
+  std::vector<Pattern> patterns = {Pattern::RealWorld, Pattern::SingleNode, Pattern::Imbalanced,
+                                   Pattern::Zipf};
+  SimRoutingSpec routing;  // seed and skew knobs (perf/moe_routing.h); its pattern is unused
   uint32_t slack = 64;
   LinkModel link;
   StrategyModel strat[kNumStrategies] = {
@@ -49,7 +45,8 @@ void usage() {
       "  --nodes N (8) --gpus G (8) --hidden H (7168) --elem-bytes B (2, bf16) --topk K (8)\n"
       "  --experts E (256; raised to a multiple of nodes*gpus)\n"
       "  --tokens list (4096,8192,16384,32768: tokens per GPU)\n"
-      "  --patterns list (real-world,single-node,imbalanced,zipf) --seed S (1)\n"
+      "  --patterns list (real-world,single-node,imbalanced,zipf; any of uniform, zipf,\n"
+      "    single-node, real-world, imbalanced, hot-ranks: perf/moe_routing.h) --seed S (1)\n"
       "  --max-nodes M (4: nodes a real-world token may span) --imb-ratio R (3: imbalanced\n"
       "    heavy / light cross-node data) --imb-max-nodes M (0: remote nodes an imbalanced\n"
       "    token may span, 0 = all)\n"
@@ -81,6 +78,80 @@ std::vector<T> parseList(const char* s, F conv) {
   return out;
 }
 
+// The cluster's shape, the token counts, the patterns and the planner timing; false when a is
+// none of them.
+bool parseShapeFlag(const std::string& a, const char* v, Options* o) {
+  auto toSize = [](const std::string& x) { return static_cast<size_t>(std::stoull(x)); };
+  auto toInt = [](const std::string& x) { return std::stoi(x); };
+  if (a == "--nodes") return (o->nodes = std::atoi(v)), true;
+  if (a == "--gpus") return (o->gpus = std::atoi(v)), true;
+  if (a == "--hidden") return (o->hidden = std::atoi(v)), true;
+  if (a == "--elem-bytes") return (o->elemBytes = std::atoi(v)), true;
+  if (a == "--topk") return (o->topk = std::atoi(v)), true;
+  if (a == "--experts") return (o->experts = std::atoi(v)), true;
+  if (a == "--tokens") return (o->tokens = parseList<size_t>(v, toSize)), true;
+  if (a == "--seed") return (o->routing.seed = std::strtoull(v, nullptr, 10)), true;
+  if (a == "--slack") return (o->slack = static_cast<uint32_t>(std::atoi(v))), true;
+  if (a == "--time-eps") return (o->timeEps = parseList<int>(v, toInt)), true;
+  if (a == "--time-tokens") return (o->timeTokens = toSize(v)), true;
+  if (a == "--time-reps") return (o->timeReps = std::atoi(v)), true;
+  return false;
+}
+
+// The link model and each strategy's NIC efficiency and fixed cost; false when a is none of them.
+bool parseModelFlag(const std::string& a, double d, Options* o) {
+  static const char* const kStrat[kNumStrategies] = {"nccl", "deepep", "paper", "fusco"};
+  if (a == "--nic-gbs") return (o->link.nicGBs = d), true;
+  if (a == "--nvlink-gbs") return (o->link.nvlinkGBs = d), true;
+  if (a == "--permute-gbs") return (o->link.permuteGBs = d), true;
+  if (a == "--step-us") return (o->link.stepUs = d), true;
+  if (a == "--slice-kb") return (o->link.sliceKB = d), true;
+  for (int st = 0; st < kNumStrategies; ++st) {
+    if (a == std::string("--eff-") + kStrat[st]) return (o->strat[st].nicEff = d), true;
+    if (a == std::string("--fixed-") + kStrat[st]) return (o->strat[st].fixedMs = d), true;
+  }
+  return false;
+}
+
+bool parsePatterns(const char* v, Options* o) {
+  o->patterns.clear();
+  for (const std::string& n : parseList<std::string>(v, [](const std::string& x) { return x; })) {
+    Pattern p;
+    if (!perf::parsePattern(n.c_str(), &p)) {
+      std::fprintf(stderr, "fusco_sim: unknown pattern '%s'\n", n.c_str());
+      return false;
+    }
+    o->patterns.push_back(p);
+  }
+  return true;
+}
+
+// The cluster's limits, then the experts raised to a multiple of the ranks.
+bool checkOptions(Options* o) {
+  const int nranks = o->nodes * o->gpus;
+  if (o->nodes < 1 || o->gpus < 1 || nranks > 4096 || o->topk < 1 || o->hidden < 1) {
+    std::fprintf(stderr, "fusco_sim: need 1 <= nodes * gpus <= 4096, topk >= 1, hidden >= 1\n");
+    return false;
+  }
+  for (int ep : o->timeEps) {
+    if (ep > 0 && (ep > 4096 || ep % std::min(o->gpus, ep) != 0)) {
+      std::fprintf(stderr,
+                   "fusco_sim: --time-eps %d is not a multiple of --gpus %d (or above 4096)\n", ep,
+                   o->gpus);
+      return false;
+    }
+  }
+  if (o->experts % nranks != 0) o->experts = (o->experts / nranks + 1) * nranks;
+  o->routing.numExperts = o->experts;
+  o->routing.topk = o->topk;
+  std::string err;
+  if (!perf::checkRoutingSpec(o->routing, &err)) {
+    std::fprintf(stderr, "fusco_sim: %s\n", err.c_str());
+    return false;
+  }
+  return true;
+}
+
 bool parseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -93,121 +164,38 @@ bool parseArgs(int argc, char** argv, Options* o) {
       return false;
     }
     const char* v = argv[++i];
-    const double d = std::atof(v);
-    auto toSize = [](const std::string& x) { return static_cast<size_t>(std::stoull(x)); };
-    if (a == "--nodes")
-      o->nodes = std::atoi(v);
-    else if (a == "--gpus")
-      o->gpus = std::atoi(v);
-    else if (a == "--hidden")
-      o->hidden = std::atoi(v);
-    else if (a == "--elem-bytes")
-      o->elemBytes = std::atoi(v);
-    else if (a == "--topk")
-      o->topk = std::atoi(v);
-    else if (a == "--experts")
-      o->experts = std::atoi(v);
-    else if (a == "--tokens")
-      o->tokens = parseList<size_t>(v, toSize);
-    else if (a == "--seed")
-      o->seed = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-nodes")
-      o->maxNodes = std::atoi(v);
-    else if (a == "--imb-max-nodes")
-      o->imbMaxNodes = std::atoi(v);
-    else if (a == "--imb-ratio")
-      o->imbRatio = d;
-    else if (a == "--zipf-s")
-      o->zipfS = d;
-    else if (a == "--slack")
-      o->slack = static_cast<uint32_t>(std::atoi(v));
-    else if (a == "--nic-gbs")
-      o->link.nicGBs = d;
-    else if (a == "--nvlink-gbs")
-      o->link.nvlinkGBs = d;
-    else if (a == "--permute-gbs")
-      o->link.permuteGBs = d;
-    else if (a == "--step-us")
-      o->link.stepUs = d;
-    else if (a == "--slice-kb")
-      o->link.sliceKB = d;
-    else if (a == "--eff-nccl")
-      o->strat[0].nicEff = d;
-    else if (a == "--eff-deepep")
-      o->strat[1].nicEff = d;
-    else if (a == "--eff-paper")
-      o->strat[2].nicEff = d;
-    else if (a == "--eff-fusco")
-      o->strat[3].nicEff = d;
-    else if (a == "--fixed-nccl")
-      o->strat[0].fixedMs = d;
-    else if (a == "--fixed-deepep")
-      o->strat[1].fixedMs = d;
-    else if (a == "--fixed-paper")
-      o->strat[2].fixedMs = d;
-    else if (a == "--fixed-fusco")
-      o->strat[3].fixedMs = d;
-    else if (a == "--time-eps")
-      o->timeEps = parseList<int>(v, [](const std::string& x) { return std::stoi(x); });
-    else if (a == "--time-tokens")
-      o->timeTokens = toSize(v);
-    else if (a == "--time-reps")
-      o->timeReps = std::atoi(v);
-    else if (a == "--patterns") {
-      o->patterns.clear();
-      for (const std::string& n :
-           parseList<std::string>(v, [](const std::string& x) { return x; })) {
-        SimPattern p;
-        if (!parseSimPattern(n.c_str(), &p)) {
-          std::fprintf(stderr, "fusco_sim: unknown pattern '%s'\n", n.c_str());
-          return false;
-        }
-        o->patterns.push_back(p);
-      }
-    } else {
+    bool known = false;
+    if (a == "--patterns") {
+      if (!parsePatterns(v, o)) return false;
+    } else if (a != "--pattern" && perf::parseRoutingFlag(a, v, &o->routing, &known)) {
+      continue;
+    } else if (known) {
+      std::fprintf(stderr, "fusco_sim: bad value for %s: %s\n", a.c_str(), v);
+      return false;
+    } else if (!parseShapeFlag(a, v, o) && !parseModelFlag(a, std::atof(v), o)) {
       std::fprintf(stderr, "fusco_sim: unknown flag %s (--help)\n", a.c_str());
       return false;
     }
   }
-  const int nranks = o->nodes * o->gpus;
-  if (o->nodes < 1 || o->gpus < 1 || nranks > 4096 || o->topk < 1 || o->hidden < 1) {
-    std::fprintf(stderr, "fusco_sim: need 1 <= nodes * gpus <= 4096, topk >= 1, hidden >= 1\n");
-    return false;
-  }
-  if (o->maxNodes < 1 || o->imbMaxNodes < 0 || !(o->imbRatio >= 1)) {
-    std::fprintf(stderr, "fusco_sim: need --max-nodes >= 1, --imb-max-nodes >= 0, --imb-ratio >= 1\n");
-    return false;
-  }
-  for (int ep : o->timeEps) {
-    if (ep > 0 && (ep > 4096 || ep % std::min(o->gpus, ep) != 0)) {
-      std::fprintf(stderr, "fusco_sim: --time-eps %d is not a multiple of --gpus %d (or above 4096)\n", ep, o->gpus);
-      return false;
-    }
-  }
-  if (o->experts % nranks != 0) o->experts = (o->experts / nranks + 1) * nranks;
-  if (o->topk > o->experts) {
-    std::fprintf(stderr, "fusco_sim: topk %d > experts %d\n", o->topk, o->experts);
-    return false;
-  }
-  return true;
+  return checkOptions(o);
 }
 
 // The FUSCO paper's published EP64 (8 x 8) dispatch+combine ms (NCCL, DeepEP, FUSCO), as its
 // repository lists them: real-world at 4k-32k tokens per GPU, single-node at 4k-16k, imbalanced
 // at 16k. Other sizes and cluster shapes print n/a.
-bool paperMs(int nodes, int gpus, SimPattern p, size_t tokens, double out[3]) {
+bool paperMs(int nodes, int gpus, Pattern p, size_t tokens, double out[3]) {
   static const struct {
-    SimPattern p;
+    Pattern p;
     size_t tokens;
     double ms[3];
-  } kPaper[] = {{SimPattern::RealWorld, 4096, {44.4, 30.7, 27.2}},
-                {SimPattern::RealWorld, 8192, {80.2, 58.4, 50.1}},
-                {SimPattern::RealWorld, 16384, {143.6, 116.1, 86.8}},
-                {SimPattern::RealWorld, 32768, {266.4, 219.6, 164.4}},
-                {SimPattern::SingleNode, 4096, {44.0, 24.7, 12.6}},
-                {SimPattern::SingleNode, 8192, {81.4, 43.8, 22.3}},
-                {SimPattern::SingleNode, 16384, {150.1, 81.8, 41.0}},
-                {SimPattern::Imbalanced, 16384, {339.3, 216.2, 151.3}}};
+  } kPaper[] = {{Pattern::RealWorld, 4096, {44.4, 30.7, 27.2}},
+                {Pattern::RealWorld, 8192, {80.2, 58.4, 50.1}},
+                {Pattern::RealWorld, 16384, {143.6, 116.1, 86.8}},
+                {Pattern::RealWorld, 32768, {266.4, 219.6, 164.4}},
+                {Pattern::SingleNode, 4096, {44.0, 24.7, 12.6}},
+                {Pattern::SingleNode, 8192, {81.4, 43.8, 22.3}},
+                {Pattern::SingleNode, 16384, {150.1, 81.8, 41.0}},
+                {Pattern::Imbalanced, 16384, {339.3, 216.2, 151.3}}};
   if (nodes != 8 || gpus != 8) return false;
   for (const auto& e : kPaper) {
     if (e.p == p && e.tokens == tokens) {
@@ -220,23 +208,16 @@ bool paperMs(int nodes, int gpus, SimPattern p, size_t tokens, double out[3]) {
 
 double mb(uint64_t b) { return static_cast<double>(b) / 1e6; }
 
-void simulate(const Options& o, SimPattern pat, size_t tokens) {
+void simulate(const Options& o, Pattern pat, size_t tokens) {
   const int nranks = o.nodes * o.gpus;
   const NodeMap nodes = simNodeMap(o.nodes, o.gpus);
   MoeShape shape;
   buildMoeShape(nranks, o.experts, nullptr, 1, &shape);
-  SimRoutingSpec rs;
+  SimRoutingSpec rs = o.routing;
   rs.nodes = o.nodes;
   rs.gpus = o.gpus;
-  rs.numExperts = o.experts;
-  rs.topk = o.topk;
   rs.tokens = tokens;
-  rs.seed = o.seed;
   rs.pattern = pat;
-  rs.maxNodes = o.maxNodes;
-  rs.imbMaxNodes = o.imbMaxNodes;
-  rs.imbRatio = o.imbRatio;
-  rs.zipfS = o.zipfS;
   const SimRouter router(rs);
   AccountSpec as;
   as.tokens = tokens;
@@ -254,7 +235,7 @@ void simulate(const Options& o, SimPattern pat, size_t tokens) {
   std::printf(
       "\n## %s, %zu tokens/GPU: network copies %.1f per token (flat remote rows %.1f), "
       "line-rate bound %.1f ms (simulated in %.1f s)\n",
-      simPatternName(pat), tokens, static_cast<double>(acc.netCopies) / (nranks * tokens),
+      patternName(pat), tokens, static_cast<double>(acc.netCopies) / (nranks * tokens),
       static_cast<double>(acc.flatRemoteRows) / (nranks * tokens), lb, simS);
   std::printf("%-17s %8s %8s %8s %7s %7s %7s  %-16s %9s %6s %8s %6s  %s\n", "strategy", "disp ms",
               "comb ms", "total ms", "inter", "intra", "perm", "busiest link", "MB", "vs LB",
@@ -292,13 +273,12 @@ void simulate(const Options& o, SimPattern pat, size_t tokens) {
 void timePlanner(const Options& o, int ep) {
   const int gpus = std::min(o.gpus, ep);
   PlanTimingSpec spec;
+  spec.routing = o.routing;
+  spec.routing.pattern = Pattern::RealWorld;
   spec.routing.nodes = ep / gpus;
   spec.routing.gpus = gpus;
   spec.routing.numExperts = o.experts % ep == 0 ? o.experts : (o.experts / ep + 1) * ep;
-  spec.routing.topk = o.topk;
   spec.routing.tokens = o.timeTokens;
-  spec.routing.seed = o.seed;
-  spec.routing.maxNodes = o.maxNodes;
   spec.slack = o.slack;
   spec.reps = o.timeReps;
   const PlanTiming t = timePlanLayer(spec);
@@ -307,8 +287,8 @@ void timePlanner(const Options& o, int ep) {
       "planSend %.3f + balance %.3f + planNodeSend %.3f + forward %.3f + receive %.3f "
       "(paperBalance %.3f)\n#   forwards %zu rows, receives %zu rows; %s\n",
       ep, spec.routing.nodes, gpus, spec.routing.numExperts, o.timeTokens, t.total(), t.validate,
-      t.send, t.balance, t.nodeSend, t.forward, t.receive, t.paper, t.forwardedRows,
-      t.receivedRows, t.balanceLine.c_str());
+      t.send, t.balance, t.nodeSend, t.forward, t.receive, t.paper, t.forwardedRows, t.receivedRows,
+      t.balanceLine.c_str());
 }
 
 int run(int argc, char** argv) {
@@ -319,7 +299,7 @@ int run(int argc, char** argv) {
       "# fusco_sim: %d nodes x %d GPUs (EP %d), %d experts (%d per GPU), top-%d, hidden %d "
       "x %d B (row %d B), seed %llu\n",
       o.nodes, o.gpus, nranks, o.experts, o.experts / nranks, o.topk, o.hidden, o.elemBytes,
-      o.hidden * o.elemBytes, static_cast<unsigned long long>(o.seed));
+      o.hidden * o.elemBytes, static_cast<unsigned long long>(o.routing.seed));
   std::printf(
       "# link model: NIC %.0f GB/s per GPU x efficiency (nccl-like %.2f, deepep-like %.2f, "
       "fusco-paper-like %.2f, fusco %.2f), NVLink %.0f GB/s, permute pass %.0f GB/s, "
@@ -331,14 +311,15 @@ int run(int argc, char** argv) {
       "fusco %.1f; fusco GREEDY slack %u/1024; routing: real-world max %d nodes per token, "
       "imbalanced heavy/light %.1f on %s remote nodes\n",
       o.strat[0].fixedMs, o.strat[1].fixedMs, o.strat[2].fixedMs, o.strat[3].fixedMs, o.slack,
-      o.maxNodes, o.imbRatio, o.imbMaxNodes > 0 ? std::to_string(o.imbMaxNodes).c_str() : "all");
+      o.routing.maxNodes, o.routing.imbRatio,
+      o.routing.imbMaxNodes > 0 ? std::to_string(o.routing.imbMaxNodes).c_str() : "all");
   std::printf(
       "# phase time = busiest link's bytes / its bandwidth per hop; nccl-like: one flat "
       "step + permute passes; deepep-like: hops overlapped + permute passes; "
       "fusco-paper-like: hops sequential; fusco: hops pipelined (+1 slice). "
       "inter/intra/perm = dispatch's hop times; pred/p = total / paper; vs LB = total / "
       "line-rate bound\n");
-  for (SimPattern p : o.patterns)
+  for (Pattern p : o.patterns)
     for (size_t t : o.tokens) simulate(o, p, t);
   std::printf(
       "\n## host planning per layer, rank 0 under NODE dedup (ms, median of %d): validate "
