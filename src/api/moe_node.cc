@@ -48,7 +48,7 @@ void planNodeRoutes(fuscoComm_t comm, fuscoMoeHandle::NodeState& st, const std::
   const NodeMap& nodes = comm->impl->nodes();
   planBalance(st.balance, nodes, rowsTo, st.balance == Balance::Greedy, &st.plan, slack);
   nodeSegmentsInto(nodes, st.plan, &st.segs);
-  if (comm->impl->rank() == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
+  if (comm->impl->rank() == 0 || paramPlanTrace() != 0)
     FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
                describeBalance(st.balance, st.plan).c_str());
   if (logEnabled(LogLevel::Trace, kPlan))
@@ -72,7 +72,8 @@ fuscoResult_t planNodeDedup(fuscoComm_t comm, fuscoMoeHandle& h, const ArgCheck&
   // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
   // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
   // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
-  const uint32_t slack = static_cast<uint32_t>(std::clamp<int64_t>(paramInt("FUSCO_BALANCE_SLACK"), 0, kMaxSlack));
+  const uint32_t slack =
+      static_cast<uint32_t>(std::clamp<int64_t>(paramBalanceSlack(), 0, kMaxSlack));
   // Every rank's counts, then the settings its routes depend on: every rank must plan the same.
   const size_t nn = nodes.numNodes, words = nn + 2;
   std::vector<uint64_t> mine(words, 0), all;

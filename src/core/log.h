@@ -21,7 +21,7 @@ enum Subsys : uint32_t {
   kAll = 0xffffffffu,
 };
 
-// Re-reads FUSCO_DEBUG* from the params registry (called at communicator init).
+// Re-reads FUSCO_DEBUG* (called at communicator init; the first log call configures too).
 void logConfigure();
 bool logEnabled(LogLevel level, Subsys s);
 void logMessage(LogLevel level, Subsys s, const char* file, int line, const char* fmt, ...)
