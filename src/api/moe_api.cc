@@ -180,7 +180,9 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fus
     if (topkIdx != nullptr && topkIdx != h->topkIdx.data()) h->topkIdx.assign(topkIdx, topkIdx + numTokens * topk);
     if (isCudaComm(comm)) FUSCO_CHECK(uploadMoePlan(*h, stream));
     if (paramPlanTrace() != 0)
-      fprintf(stderr, "%s\n", describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
+      FUSCO_LOG_ALWAYS(
+          LogLevel::Info, kPlan, "%s",
+          describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
     *handle = h.release();
     return fuscoSuccess;
   });

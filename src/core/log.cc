@@ -165,4 +165,12 @@ void logMessage(LogLevel level, Subsys sub, const char* file, int line, const ch
   va_end(ap);
 }
 
+void logMessageForced(LogLevel level, Subsys sub, const char* file, int line, const char* fmt,
+                      ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  logWrite(level, sub, file, line, fmt, ap);
+  va_end(ap);
+}
+
 }  // namespace fusco
