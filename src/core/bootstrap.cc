@@ -112,6 +112,9 @@ bool pendingRootError(int fd, fuscoResult_t* r) {
 
 }  // namespace
 
+FUSCO_PARAM_INT(TimeoutMs, "FUSCO_TIMEOUT_MS", 300000, 1, INT32_MAX,
+                "timeout of bootstrap and of every blocking wait, in milliseconds");
+
 // ---------------------------------------------------------------- id functions
 fuscoResult_t bootstrapCreateId(fuscoUniqueId* id) {
   if (id == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kBoot, "fuscoGetUniqueId: id is NULL");
@@ -286,8 +289,7 @@ fuscoResult_t Bootstrap::init(const fuscoUniqueId& id, int nranks, int rank, int
   if (out == nullptr || allBlobs == nullptr)
     return FUSCO_FAIL(fuscoInvalidArgument, kBoot, "bootstrap: init with NULL output");
   FUSCO_CHECK(bootstrapCheckId(id));
-  if (timeoutMs <= 0) timeoutMs = paramInt("FUSCO_TIMEOUT_MS");
-  if (timeoutMs <= 0) timeoutMs = 300000;
+  if (timeoutMs <= 0) timeoutMs = paramTimeoutMs();
   if (myBlob.size() > kMaxBlob)
     return FUSCO_FAIL(fuscoInvalidArgument, kBoot,
                       "bootstrap: blob of %zu bytes over the %llu limit", myBlob.size(),

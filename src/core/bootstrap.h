@@ -25,6 +25,8 @@ fuscoResult_t bootstrapCreateId(fuscoUniqueId* id);
 // Checks magic/version of an id: fuscoInvalidArgument with a message for an id not made by
 // bootstrapCreateId.
 fuscoResult_t bootstrapCheckId(const fuscoUniqueId& id);
+// FUSCO_TIMEOUT_MS: the bootstrap's and the communicator's timeout of every blocking wait, in ms.
+int64_t paramTimeoutMs();
 // Closes this process's listening socket for id, if it holds one (a launcher that forked the
 // ranks calls this in the parent).
 void bootstrapReleaseId(const fuscoUniqueId& id);

@@ -150,6 +150,11 @@ fuscoResult_t apply(const FaultSpec& s, int rank, const FaultCtx* ctx) {
 
 }  // namespace
 
+FUSCO_PARAM_STRING(
+    Fault, "FUSCO_FAULT", "",
+    "debug: inject faults, e.g. kill:dispatch:rank=2[:after=N][:ms=M]; ';' separates "
+    "specs (core/fault.h)");
+
 const char* faultPhaseName(FaultPhase p) {
   int i = static_cast<int>(p);
   return i >= 0 && i < kNumPhases ? kPhaseNames[i] : "?";
@@ -177,7 +182,7 @@ bool faultParse(const std::string& value, std::vector<FaultSpec>* out, std::stri
 }
 
 void faultConfigure() {
-  const std::string value = paramString("FUSCO_FAULT");
+  const std::string value = paramFault();
   FaultState& st = state();
   std::lock_guard<std::mutex> g(st.mu);
   st.specs.clear();

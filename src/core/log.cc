@@ -24,7 +24,7 @@ struct LogState {
   std::string outPath;
   char host[64] = "";
   std::atomic<int> rank{-1};
-  std::once_flag once;
+  std::atomic<bool> configured{false};
 };
 
 LogState& state() {
@@ -62,14 +62,6 @@ uint32_t parseMask(const std::string& spec) {
   return negate ? ~mask : mask;
 }
 
-LogLevel parseLevel(const std::string& v) {
-  if (strcasecmp(v.c_str(), "TRACE") == 0) return LogLevel::Trace;
-  if (strcasecmp(v.c_str(), "INFO") == 0) return LogLevel::Info;
-  if (strcasecmp(v.c_str(), "NONE") == 0 || strcasecmp(v.c_str(), "OFF") == 0)
-    return LogLevel::None;
-  return LogLevel::Warn;
-}
-
 std::string expandPath(const std::string& pattern, const char* host) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -86,11 +78,11 @@ std::string expandPath(const std::string& pattern, const char* host) {
   return out;
 }
 
-void configureLocked(LogState& s) {
+void configureLocked(LogState& s, LogLevel level, const std::string& subsys,
+                     const std::string& file) {
   gethostname(s.host, sizeof(s.host) - 1);
-  s.level = static_cast<int>(parseLevel(paramString("FUSCO_DEBUG")));
-  s.mask = parseMask(paramString("FUSCO_DEBUG_SUBSYS"));
-  std::string file = paramString("FUSCO_DEBUG_FILE");
+  s.level = static_cast<int>(level);
+  s.mask = parseMask(subsys);
   if (file.empty()) {
     if (s.out != stderr && s.out != nullptr) fclose(s.out);
     s.out = stderr;
@@ -107,34 +99,51 @@ void configureLocked(LogState& s) {
   s.outPath = path;
 }
 
+constexpr ParamChoice kLevelChoices[] = {{"NONE", static_cast<int64_t>(LogLevel::None)},
+                                         {"OFF", static_cast<int64_t>(LogLevel::None)},
+                                         {"WARN", static_cast<int64_t>(LogLevel::Warn)},
+                                         {"INFO", static_cast<int64_t>(LogLevel::Info)},
+                                         {"TRACE", static_cast<int64_t>(LogLevel::Trace)}};
+
 }  // namespace
 
+FUSCO_PARAM_CHOICE(DebugLevel, LogLevel, "FUSCO_DEBUG", "WARN", kLevelChoices,
+                   "log level: NONE, WARN, INFO or TRACE");
+FUSCO_PARAM_STRING(
+    DebugSubsys, "FUSCO_DEBUG_SUBSYS", "ALL",
+    "subsystems to log, comma separated (INIT,BOOT,PLAN,ENGINE,SHM,IPC,UCX,API,NET); "
+    "^ negates");
+FUSCO_PARAM_STRING(DebugFile, "FUSCO_DEBUG_FILE", "",
+                   "log to this file instead of stderr (%h host, %p pid)");
+
 void logConfigure() {
+  // The parameters are read before the lock is taken: reading one may log a warning about its
+  // value, which configures the log (from the value already resolved) on the way.
+  const LogLevel level = paramDebugLevel();
+  const std::string subsys = paramDebugSubsys();
+  const std::string file = paramDebugFile();
   LogState& s = state();
   std::lock_guard<std::mutex> g(s.mu);
-  configureLocked(s);
+  configureLocked(s, level, subsys, file);
+  s.configured.store(true, std::memory_order_release);
 }
 
 bool logEnabled(LogLevel level, Subsys sub) {
   LogState& s = state();
-  std::call_once(s.once, [&] {
-    std::lock_guard<std::mutex> g(s.mu);
-    configureLocked(s);
-  });
+  if (!s.configured.load(std::memory_order_acquire)) logConfigure();
   return static_cast<int>(level) <= s.level.load(std::memory_order_relaxed) &&
          (s.mask.load(std::memory_order_relaxed) & sub) != 0;
 }
 
 void logSetRank(int rank) { state().rank = rank; }
 
-void logMessage(LogLevel level, Subsys sub, const char* file, int line, const char* fmt, ...) {
-  if (!logEnabled(level, sub)) return;
+namespace {
+
+void logWrite(LogLevel level, Subsys sub, const char* file, int line, const char* fmt, va_list ap) {
   LogState& s = state();
+  if (!s.configured.load(std::memory_order_acquire)) logConfigure();
   char msg[1200];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
   const char* lv = level == LogLevel::Warn ? "WARN" : level == LogLevel::Info ? "INFO" : "TRACE";
   const char* base = strrchr(file, '/');
   base = base ? base + 1 : file;
@@ -144,6 +153,24 @@ void logMessage(LogLevel level, Subsys sub, const char* file, int line, const ch
   fprintf(s.out, "%s:%d:%ld%s FUSCO %s %s %s:%d %s\n", s.host, getpid(),
           static_cast<long>(syscall(SYS_gettid)), rankStr, lv, subsysName(sub), base, line, msg);
   fflush(s.out);
+}
+
+}  // namespace
+
+void logMessage(LogLevel level, Subsys sub, const char* file, int line, const char* fmt, ...) {
+  if (!logEnabled(level, sub)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  logWrite(level, sub, file, line, fmt, ap);
+  va_end(ap);
+}
+
+void logMessageForced(LogLevel level, Subsys sub, const char* file, int line, const char* fmt,
+                      ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  logWrite(level, sub, file, line, fmt, ap);
+  va_end(ap);
 }
 
 }  // namespace fusco

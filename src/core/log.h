@@ -21,10 +21,14 @@ enum Subsys : uint32_t {
   kAll = 0xffffffffu,
 };
 
-// Re-reads FUSCO_DEBUG* from the params registry (called at communicator init).
+// Re-reads FUSCO_DEBUG* (called at communicator init; the first log call configures too).
 void logConfigure();
 bool logEnabled(LogLevel level, Subsys s);
 void logMessage(LogLevel level, Subsys s, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+// Writes the line whatever the level and subsystem mask: a line another knob asked for (one plan
+// per line with FUSCO_PLAN_TRACE=1), in the log's format and destination.
+void logMessageForced(LogLevel level, Subsys s, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 // Sets the rank shown in log lines of this process (-1: none).
 void logSetRank(int rank);
@@ -36,6 +40,9 @@ void logSetRank(int rank);
     if (::fusco::logEnabled((level), (subsys)))                                      \
       ::fusco::logMessage((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);       \
   } while (0)
+// A line at `level` that the level and the subsystem mask do not filter (see logMessageForced).
+#define FUSCO_LOG_ALWAYS(level, subsys, ...) \
+  ::fusco::logMessageForced((level), (subsys), __FILE__, __LINE__, __VA_ARGS__)
 #define FUSCO_INFO(subsys, ...) FUSCO_LOG(::fusco::LogLevel::Info, subsys, __VA_ARGS__)
 #define FUSCO_TRACE(subsys, ...) FUSCO_LOG(::fusco::LogLevel::Trace, subsys, __VA_ARGS__)
 #define FUSCO_WARN(subsys, ...) FUSCO_LOG(::fusco::LogLevel::Warn, subsys, __VA_ARGS__)

@@ -1,139 +1,309 @@
 #include "core/params.h"
 
+#include <strings.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+
+#include "core/log.h"
 
 namespace fusco {
 
 namespace {
 
-struct ParamDecl {
-  const char* name;
-  ParamType type;
-  const char* defaultValue;
-  const char* help;
-};
+// Bumped by every reload and override change: a cached value of an older generation is stale.
+std::atomic<uint64_t> gGeneration{1};
 
-// The one list of knobs. Keep each help to one line.
-const ParamDecl kParams[] = {
-    {"FUSCO_DEBUG", ParamType::String, "WARN", "log level: NONE, WARN, INFO or TRACE"},
-    {"FUSCO_DEBUG_SUBSYS", ParamType::String, "ALL",
-     "subsystems to log, comma separated (INIT,BOOT,PLAN,ENGINE,SHM,IPC,UCX,API,NET); ^ negates"},
-    {"FUSCO_DEBUG_FILE", ParamType::String, "", "log to this file instead of stderr (%h host, %p pid)"},
-    {"FUSCO_TIMEOUT_MS", ParamType::Int, "300000",
-     "timeout of bootstrap and of every blocking wait, in milliseconds"},
-    {"FUSCO_LOCAL_SIZE", ParamType::Int, "0",
-     "ranks per node; > 0 splits one host into virtual nodes of this many ranks (0: by host)"},
-    {"FUSCO_SOCKET_IFNAME", ParamType::String, "",
-     "network interface (prefix) for the bootstrap socket; ^ excludes, = exact match"},
-    {"FUSCO_NET_DEVICES", ParamType::String, "", "inter-node devices/rails, comma separated (empty: auto)"},
-    {"FUSCO_CHUNK_BYTES", ParamType::Int, "0", "pipeline slice size in bytes (0: auto, 512 KiB)"},
-    {"FUSCO_PIPELINE_DEPTH", ParamType::Int, "0", "slices in flight per peer (0: auto, 4)"},
-    {"FUSCO_PLAN_TRACE", ParamType::Int, "0", "1: print one line per MoE plan (rows, bytes, dedup)"},
-    {"FUSCO_BALANCE_SLACK", ParamType::Int, "64",
-     "GREEDY balance: keep same-index rails within this many 1/1024 of the bound (no relay/split)"},
-    {"FUSCO_SHM_ARENA_BYTES", ParamType::Int, "4294967296",
-     "virtual size of each rank's shared arena for fuscoMemAlloc (pages are used on touch)"},
-    {"FUSCO_SHM_DIRECT", ParamType::Int, "1",
-     "1: write straight into a peer's arena buffer when it is one (one copy); 0: always stage"},
-    {"FUSCO_CUDA_SMS", ParamType::Int, "0",
-     "CUDA path: multiprocessors the copy and sum kernels may use (0: all), like DeepEP's num_sms"},
-    {"FUSCO_LIVENESS_MS", ParamType::Int, "100",
-     "how often a waiting rank checks that its peers are alive, in milliseconds"},
-    {"FUSCO_SPIN_BEFORE_YIELD", ParamType::Int, "64",
-     "polls of a wait loop before it yields the core to other processes"},
-    {"FUSCO_FAULT", ParamType::String, "",
-     "debug: inject faults, e.g. kill:dispatch:rank=2[:after=N][:ms=M]; ';' separates specs (core/fault.h)"},
+// The dynamic state of one registered parameter (guarded by Registry::mu).
+struct Entry {
+  ParamDesc* d = nullptr;
+  std::string defaultText;
+  uint64_t generation = 0;  // generation the fields below were resolved at
+  std::string text;         // the value in force as text
+  std::string source = "default";
+  bool valid = true;
+  std::string rejected;
+  std::string warned;  // the last rejected text warned about: each bad text is warned about once
+  int64_t value = 0;   // Int and Choice
 };
 
 struct Registry {
   std::mutex mu;
-  bool loaded = false;
+  std::vector<std::unique_ptr<Entry>> entries;
   std::map<std::string, std::string> overrides;
-  std::map<std::string, ParamInfo> values;
+  std::vector<std::string> warnings;  // to log once the lock is released
 };
 
 Registry& registry() {
-  static Registry* r = new Registry();
+  static Registry* r = new Registry();  // never destroyed: usable from atexit handlers
   return *r;
 }
 
-void loadLocked(Registry& r) {
-  r.values.clear();
-  for (const auto& d : kParams) {
-    ParamInfo info{d.name, d.type, d.defaultValue, d.help, d.defaultValue, "default"};
-    auto ov = r.overrides.find(d.name);
-    const char* env = getenv(d.name);
-    if (ov != r.overrides.end()) {
-      info.value = ov->second;
-      info.source = "override";
-    } else if (env != nullptr && env[0] != '\0') {
-      info.value = env;
-      info.source = "env";
-    }
-    r.values[d.name] = info;
+bool parseInt(const std::string& s, int64_t* out) {
+  const char* p = s.c_str();
+  char* end = nullptr;
+  errno = 0;
+  long long v = strtoll(p, &end, 0);
+  if (end == p || errno == ERANGE) return false;
+  int shift = 0;
+  switch (*end) {
+    case 'k':
+    case 'K':
+      shift = 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      ++end;
+      break;
+    default:
+      break;
   }
-  r.loaded = true;
+  while (isspace(static_cast<unsigned char>(*end))) ++end;
+  if (*end != '\0') return false;
+  if (v > (INT64_MAX >> shift) || v < (INT64_MIN >> shift)) return false;
+  *out = static_cast<int64_t>(v) * (int64_t{1} << shift);
+  return true;
 }
 
-const ParamInfo* findLocked(Registry& r, const char* name) {
-  if (!r.loaded) loadLocked(r);
-  auto it = r.values.find(name);
-  return it == r.values.end() ? nullptr : &it->second;
+bool parseChoice(const ParamDesc& d, const std::string& s, int64_t* out) {
+  for (size_t i = 0; i < d.numChoices; ++i) {
+    if (strcasecmp(s.c_str(), d.choices[i].name) == 0) {
+      *out = d.choices[i].value;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string acceptedText(const ParamDesc& d) {
+  switch (d.type) {
+    case ParamType::Int:
+      if (d.max == INT64_MAX) return "an integer >= " + std::to_string(d.min);
+      return "an integer in [" + std::to_string(d.min) + ", " + std::to_string(d.max) + "]";
+    case ParamType::Choice: {
+      std::string s = "one of ";
+      for (size_t i = 0; i < d.numChoices; ++i)
+        s += (i ? ", " : "") + std::string(d.choices[i].name);
+      return s;
+    }
+    case ParamType::String:
+      break;
+  }
+  return "any text";
+}
+
+// Parses `text` for d: false when it is not accepted.
+bool parseValue(const ParamDesc& d, const std::string& text, int64_t* value) {
+  if (d.type == ParamType::String) return true;
+  if (d.type == ParamType::Choice) return parseChoice(d, text, value);
+  return parseInt(text, value) && *value >= d.min && *value <= d.max;
+}
+
+Entry& registerLocked(Registry& r, ParamDesc* d) {
+  int slot = d->slot.load(std::memory_order_relaxed);
+  if (slot >= 0) return *r.entries[slot];
+  auto e = std::make_unique<Entry>();
+  e->d = d;
+  e->defaultText = d->type == ParamType::Int ? std::to_string(d->defaultInt) : d->defaultText;
+  r.entries.push_back(std::move(e));
+  d->slot.store(static_cast<int>(r.entries.size() - 1), std::memory_order_relaxed);
+  return *r.entries.back();
+}
+
+// Reads the override or the environment into e for generation `gen`; queues a warning for a
+// rejected text not warned about before.
+void resolveLocked(Registry& r, Entry& e, uint64_t gen) {
+  const ParamDesc& d = *e.d;
+  std::string given;
+  e.source = "default";
+  auto ov = r.overrides.find(d.name);
+  const char* env = getenv(d.name);
+  if (ov != r.overrides.end()) {
+    given = ov->second;
+    e.source = "override";
+  } else if (env != nullptr && env[0] != '\0') {
+    given = env;
+    e.source = "env";
+  }
+  e.valid = true;
+  e.rejected.clear();
+  e.text = e.defaultText;
+  int64_t fallback = d.defaultInt;
+  if (d.type == ParamType::Choice) parseChoice(d, e.defaultText, &fallback);
+  e.value = fallback;
+  if (e.source == "default") e.warned.clear();  // a text rejected again later is warned about again
+  // An empty override of a number or choice means its default, as an unset variable does.
+  if (e.source != "default" && (d.type == ParamType::String || !given.empty())) {
+    int64_t v = 0;
+    if (parseValue(d, given, &v)) {
+      e.warned.clear();
+      e.text = given;
+      e.value = d.type == ParamType::String ? 0 : v;
+    } else {
+      e.valid = false;
+      e.rejected = given;
+      if (e.warned != given) {
+        e.warned = given;
+        r.warnings.push_back(std::string(d.name) + "=\"" + given + "\" from the " +
+                             (e.source == "env" ? "environment" : "override") + " is not " +
+                             acceptedText(d) + "; using the default " + e.defaultText);
+      }
+    }
+  }
+  e.generation = gen;
+  e.d->cached.store(e.value, std::memory_order_relaxed);
+  e.d->generation.store(gen, std::memory_order_release);
+}
+
+Entry& currentLocked(Registry& r, ParamDesc* d) {
+  Entry& e = registerLocked(r, d);
+  const uint64_t gen = gGeneration.load(std::memory_order_acquire);
+  if (e.generation != gen) resolveLocked(r, e, gen);
+  return e;
+}
+
+Entry* findLocked(Registry& r, const char* name) {
+  for (auto& e : r.entries)
+    if (strcmp(e->d->name, name) == 0) return &currentLocked(r, e->d);
+  return nullptr;
+}
+
+void reloadLocked(Registry& r) {
+  const uint64_t gen = gGeneration.fetch_add(1, std::memory_order_acq_rel) + 1;
+  for (auto& e : r.entries) resolveLocked(r, *e, gen);
+}
+
+// Logs the queued warnings outside the lock: logging reads FUSCO_DEBUG* through this registry.
+// A warning queued while this thread is already logging one is logged by that outer call.
+void flushWarnings() {
+  static thread_local bool flushing = false;
+  if (flushing) return;
+  flushing = true;
+  Registry& r = registry();
+  for (;;) {
+    std::string msg;
+    {
+      std::lock_guard<std::mutex> g(r.mu);
+      if (r.warnings.empty()) break;
+      msg = std::move(r.warnings.front());
+      r.warnings.erase(r.warnings.begin());
+    }
+    FUSCO_WARN(kInit, "%s", msg.c_str());
+  }
+  flushing = false;
 }
 
 }  // namespace
 
-int64_t paramInt(const char* name) {
+ParamRegistrar::ParamRegistrar(ParamDesc* d) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  const ParamInfo* p = findLocked(r, name);
-  if (p == nullptr) return 0;
-  char* end = nullptr;
-  long long v = strtoll(p->value.c_str(), &end, 0);
-  if (end == p->value.c_str()) v = strtoll(p->defaultValue, nullptr, 0);
-  // Accept K/M/G suffixes for sizes.
-  if (end && (*end == 'K' || *end == 'k')) v <<= 10;
-  if (end && (*end == 'M' || *end == 'm')) v <<= 20;
-  if (end && (*end == 'G' || *end == 'g')) v <<= 30;
+  registerLocked(r, d);
+}
+
+int64_t paramReadInt(ParamDesc& d) {
+  if (d.generation.load(std::memory_order_acquire) == gGeneration.load(std::memory_order_acquire))
+    return d.cached.load(std::memory_order_relaxed);
+  Registry& r = registry();
+  int64_t v;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    v = currentLocked(r, &d).value;
+  }
+  flushWarnings();
   return v;
 }
 
-std::string paramString(const char* name) {
+std::string paramReadString(ParamDesc& d) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  const ParamInfo* p = findLocked(r, name);
-  return p ? p->value : std::string();
+  std::string v;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    v = currentLocked(r, &d).text;
+  }
+  flushWarnings();
+  return v;
 }
 
 void paramsReload() {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  loadLocked(r);
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    reloadLocked(r);
+  }
+  flushWarnings();
 }
 
 void paramSetOverride(const char* name, const std::string& value) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  r.overrides[name] = value;
-  loadLocked(r);
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.overrides[name] = value;
+    reloadLocked(r);
+  }
+  flushWarnings();
 }
 
 void paramClearOverride(const char* name) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  r.overrides.erase(name);
-  loadLocked(r);
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    r.overrides.erase(name);
+    reloadLocked(r);
+  }
+  flushWarnings();
 }
 
 std::vector<ParamInfo> paramList() {
   Registry& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  if (!r.loaded) loadLocked(r);
   std::vector<ParamInfo> out;
-  for (const auto& d : kParams) out.push_back(r.values[d.name]);
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    for (auto& p : r.entries) {
+      Entry& e = currentLocked(r, p->d);
+      out.push_back(ParamInfo{e.d->name, e.d->type, e.defaultText.c_str(), e.d->help, e.text,
+                              e.source, e.valid, e.rejected, acceptedText(*e.d)});
+    }
+  }
+  flushWarnings();
+  std::sort(out.begin(), out.end(),
+            [](const ParamInfo& a, const ParamInfo& b) { return strcmp(a.name, b.name) < 0; });
   return out;
+}
+
+int64_t paramIntByName(const char* name) {
+  Registry& r = registry();
+  int64_t v = 0;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (Entry* e = findLocked(r, name)) v = e->value;
+  }
+  flushWarnings();
+  return v;
+}
+
+std::string paramStringByName(const char* name) {
+  Registry& r = registry();
+  std::string v;
+  {
+    std::lock_guard<std::mutex> g(r.mu);
+    if (Entry* e = findLocked(r, name)) v = e->text;
+  }
+  flushWarnings();
+  return v;
 }
 
 }  // namespace fusco

@@ -93,6 +93,10 @@ std::string listInterfaces(ifaddrs* list) {
 
 }  // namespace
 
+FUSCO_PARAM_STRING(
+    SocketIfname, "FUSCO_SOCKET_IFNAME", "",
+    "network interface (prefix) for the bootstrap socket; ^ excludes, = exact match");
+
 uint16_t SockAddr::port() const {
   if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
   if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
@@ -163,7 +167,7 @@ bool socketIfnameMatches(const std::string& spec, const std::string& name) {
 }
 
 fuscoResult_t socketFindInterface(SockAddr* addr, std::string* ifName) {
-  std::string spec = paramString("FUSCO_SOCKET_IFNAME");
+  std::string spec = paramSocketIfname();
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0)
     return FUSCO_FAIL(fuscoSystemError, kBoot, "getifaddrs failed: %s", strerror(errno));

@@ -1,6 +1,7 @@
 #include "device/cuda_rt.h"
 
 #include "core/log.h"
+#include "core/params.h"
 #include "core/result.h"
 #include "device/device_ops.h"
 
@@ -12,6 +13,10 @@
 #endif
 
 namespace fusco {
+
+FUSCO_PARAM_INT(
+    CudaSms, "FUSCO_CUDA_SMS", 0, 0, INT32_MAX,
+    "CUDA path: multiprocessors the copy and sum kernels may use (0: all), like DeepEP's num_sms");
 
 #ifdef FUSCO_HAVE_CUDA
 

@@ -10,7 +10,6 @@
 
 #include "core/cuda_check.h"
 #include "core/log.h"
-#include "core/params.h"
 #include "core/result.h"
 #include "device/device_ops.h"
 #include "device/reduce_math.h"
@@ -292,7 +291,7 @@ unsigned gridFor(uint64_t units, int perSm) {
     cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
     return n > 0 ? n : 1;
   }();
-  int64_t cap = paramInt("FUSCO_CUDA_SMS");
+  int64_t cap = paramCudaSms();
   int64_t use = cap > 0 && cap < sms ? cap : sms;
   uint64_t blocks = std::min<uint64_t>(units, static_cast<uint64_t>(use) * perSm);
   return static_cast<unsigned>(std::max<uint64_t>(blocks, 1));

@@ -44,19 +44,33 @@ fuscoResult_t agreeOnOutcome(Bootstrap& b, const std::string& failure, int* fail
 
 }  // namespace
 
+FUSCO_PARAM_INT(
+    LocalSize, "FUSCO_LOCAL_SIZE", 0, 0, INT32_MAX,
+    "ranks per node; > 0 splits one host into virtual nodes of this many ranks (0: by host)");
+FUSCO_PARAM_STRING(NetDevices, "FUSCO_NET_DEVICES", "",
+                   "inter-node devices/rails, comma separated (empty: auto)");
+// Any byte count is read; the slice sizes the transports support are checked when a communicator
+// is made, for this variable and fuscoConfig_t.chunkBytes alike.
+FUSCO_PARAM_INT(ChunkBytes, "FUSCO_CHUNK_BYTES", 0, 0, INT64_MAX,
+                "pipeline slice size in bytes (0: auto, 512 KiB)");
+FUSCO_PARAM_INT(PipelineDepth, "FUSCO_PIPELINE_DEPTH", 0, 0, kMaxDepth,
+                "slices in flight per peer (0: auto, 4)");
+
+FUSCO_PARAM_INT(LivenessMs, "FUSCO_LIVENESS_MS", 100, 1, INT32_MAX,
+                "how often a waiting rank checks that its peers are alive, in milliseconds");
+
 fuscoResult_t Communicator::resolveOptions(const CommOptions& o) {
   ctx_.memType = o.memType;
-  ctx_.netDevices = !o.netDevices.empty() ? o.netDevices : paramString("FUSCO_NET_DEVICES");
-  ctx_.timeoutMs = o.timeoutMs > 0 ? o.timeoutMs : paramInt("FUSCO_TIMEOUT_MS");
-  if (ctx_.timeoutMs <= 0) ctx_.timeoutMs = 300000;
-  int64_t chunk = o.chunkBytes ? static_cast<int64_t>(o.chunkBytes) : paramInt("FUSCO_CHUNK_BYTES");
+  ctx_.netDevices = !o.netDevices.empty() ? o.netDevices : paramNetDevices();
+  ctx_.timeoutMs = o.timeoutMs > 0 ? o.timeoutMs : paramTimeoutMs();
+  int64_t chunk = o.chunkBytes ? static_cast<int64_t>(o.chunkBytes) : paramChunkBytes();
   if (chunk == 0) chunk = kDefaultChunkBytes;
   if (chunk < static_cast<int64_t>(kMinChunkBytes) || chunk > static_cast<int64_t>(kMaxChunkBytes))
     return FUSCO_FAIL(fuscoInvalidArgument, kInit,
                       "chunk size %lld bytes is outside the supported range [%zu, %zu]",
                       static_cast<long long>(chunk), kMinChunkBytes, kMaxChunkBytes);
   ctx_.chunkBytes = static_cast<size_t>(chunk);
-  int64_t depth = o.depth ? o.depth : paramInt("FUSCO_PIPELINE_DEPTH");
+  int64_t depth = o.depth ? o.depth : paramPipelineDepth();
   if (depth == 0) depth = kDefaultDepth;
   if (depth < 1 || depth > kMaxDepth)
     return FUSCO_FAIL(fuscoInvalidArgument, kInit,
@@ -95,8 +109,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
       return FUSCO_FAIL(fuscoInternalError, kInit, "malformed peer record from rank %d", r);
     hostIds[r] = c->peers_[r].hostId;
   }
-  int localSize = opts.localSize > 0 ? opts.localSize : static_cast<int>(paramInt("FUSCO_LOCAL_SIZE"));
-  if (localSize < 0) localSize = 0;
+  int localSize = opts.localSize > 0 ? opts.localSize : static_cast<int>(paramLocalSize());
   c->nodes_ = buildNodeMap(hostIds, localSize);
   c->ctx_.rank = rank;
   c->ctx_.nranks = nranks;
@@ -111,7 +124,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
     c->devRecvSeq_.assign(nranks, 0);
     Communicator* self = c.get();
     c->watch_ = std::make_unique<DeviceWatch>(
-        c->ctx_.timeoutMs, paramInt("FUSCO_LIVENESS_MS"),
+        c->ctx_.timeoutMs, paramLivenessMs(),
         [self](int p) {
           const PeerConn& pc = self->conns_[p];
           return pc.ops ? pc.ops->checkPeer(pc.tc, p) : fuscoSuccess;

@@ -28,6 +28,10 @@ struct CommOptions {
   int depth = 0;           // 0: FUSCO_PIPELINE_DEPTH or auto
 };
 
+// FUSCO_LIVENESS_MS: how often a waiting rank checks that its peers are alive (engine waits and the
+// CUDA path's device watch), in milliseconds.
+int64_t paramLivenessMs();
+
 // One peer's connection: the transport that carries it.
 struct PeerConn {
   const TransportOps* ops = nullptr;  // nullptr for self

@@ -16,6 +16,12 @@
 
 namespace fusco {
 
+FUSCO_PARAM_INT(SpinBeforeYield, "FUSCO_SPIN_BEFORE_YIELD", 64, 0, INT32_MAX,
+                "polls of a wait loop before it yields the core to other processes");
+FUSCO_PARAM_INT(
+    ShmDirect, "FUSCO_SHM_DIRECT", 1, 0, 1,
+    "1: write straight into a peer's arena buffer when it is one (one copy); 0: always stage");
+
 namespace {
 
 enum class PairState { Ok, SelfBad, PeerBad, Mismatch };
@@ -101,8 +107,8 @@ fuscoResult_t OpRunner::validationError(fuscoResult_t r, const char* fmt, const 
 template <typename Step>
 fuscoResult_t OpRunner::loop(const char* phase, Step step) {
   const int64_t timeoutNs = c_.timeoutMs() * 1000000LL;
-  const int64_t livenessNs = std::max<int64_t>(1, paramInt("FUSCO_LIVENESS_MS")) * 1000000LL;
-  const int64_t spin = paramInt("FUSCO_SPIN_BEFORE_YIELD");
+  const int64_t livenessNs = paramLivenessMs() * 1000000LL;
+  const int64_t spin = paramSpinBeforeYield();
   int64_t lastProgress = nowNs(), lastLive = lastProgress, idle = 0;
   for (;;) {
     bool progressed = false, done = false;
@@ -161,7 +167,7 @@ fuscoResult_t OpRunner::protocolError(int p, const char* what) {
 }
 
 void OpRunner::buildHeaders() {
-  const bool direct = paramInt("FUSCO_SHM_DIRECT") != 0;
+  const bool direct = paramShmDirect() != 0;
   for (int p = 0; p < n_; ++p) {
     if (p == me_ || (!op_.collective && op_.peers[p].empty())) continue;
     involved_[p] = true;

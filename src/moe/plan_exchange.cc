@@ -112,9 +112,10 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
   if (topkIdx != nullptr && topkIdx != h->topkIdx.data())
     h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
   if (c.memType() == fuscoMemCuda) FUSCO_CHECK(uploadMoePlan(*h, stream));
-  if (paramInt("FUSCO_PLAN_TRACE") != 0)
-    fprintf(stderr, "%s\n",
-            describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
+  if (paramPlanTrace() != 0)
+    FUSCO_LOG_ALWAYS(
+        LogLevel::Info, kPlan, "%s",
+        describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
   return fuscoSuccess;
 }
 

@@ -3,6 +3,7 @@
 // the forwarders' blocks to the ranks of their node.
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/log.h"
@@ -13,8 +14,6 @@
 namespace fusco {
 
 namespace {
-
-constexpr int64_t kMaxSlack = 1 << 20;  // FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound
 
 // Every rank's words (all[s * words + i]), from each rank's own `mine` (the same length on every
 // rank: the node count and two settings).
@@ -48,9 +47,12 @@ void planNodeRoutes(const Communicator& c, MoeHandle::NodeState& st,
   const NodeMap& nodes = c.nodes();
   planBalance(st.balance, nodes, rowsTo, st.balance == Balance::Greedy, &st.plan, slack);
   nodeSegmentsInto(nodes, st.plan, &st.segs);
-  if (c.rank() == 0 || paramInt("FUSCO_PLAN_TRACE") != 0)
-    FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(),
-               describeBalance(st.balance, st.plan).c_str());
+  const std::string balance = describeBalance(st.balance, st.plan);
+  if (paramPlanTrace() != 0)  // FUSCO_PLAN_TRACE prints it whatever the log level
+    FUSCO_LOG_ALWAYS(LogLevel::Info, kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s",
+                     st.segs.size(), balance.c_str());
+  else if (c.rank() == 0)
+    FUSCO_INFO(kPlan, "fuscoMoePlan: NODE dedup, %zu routes; %s", st.segs.size(), balance.c_str());
   if (logEnabled(LogLevel::Trace, kPlan))
     for (const NodeSegment& g : st.segs)
       FUSCO_TRACE(
@@ -133,8 +135,7 @@ fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
   // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
   // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
   // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
-  const uint32_t slack =
-      static_cast<uint32_t>(std::clamp<int64_t>(paramInt("FUSCO_BALANCE_SLACK"), 0, kMaxSlack));
+  const uint32_t slack = static_cast<uint32_t>(paramBalanceSlack());  // range-checked
   // Step 1: every rank's counts, then the settings its routes depend on.
   if (a.ok()) nodeTokensOf(nodes, h.send, &st.send.nodeTokens);
   std::vector<uint64_t> rowsTo;

@@ -19,6 +19,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "core/params.h"
+
 namespace fusco {
 namespace {
 
@@ -280,6 +282,10 @@ void planGreedy(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
 }
 
 }  // namespace
+
+FUSCO_PARAM_INT(
+    BalanceSlack, "FUSCO_BALANCE_SLACK", 64, 0, 1 << 20,
+    "GREEDY balance: keep same-index rails within this many 1/1024 of the bound (no relay/split)");
 
 void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
                  bool allowRelay, BalancePlan* out, uint32_t slack1024) {

@@ -83,6 +83,9 @@ struct BalancePlan {
 void planBalance(Balance mode, const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
                  bool allowRelay, BalancePlan* out, uint32_t slack1024 = 0);
 
+// FUSCO_BALANCE_SLACK: the slack1024 of the NODE plans' balancing, in [0, 2^20] (default 64).
+int64_t paramBalanceSlack();
+
 // "NONE", "STATIC", "GREEDY" (or "?" for a value outside the enum).
 const char* balanceName(Balance mode);
 

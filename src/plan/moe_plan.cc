@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "core/params.h"
 #include "core/result.h"
 
 namespace fusco {
@@ -160,6 +161,9 @@ fuscoResult_t scanMeta(int rank, int s, const std::vector<int32_t>& meta, int nu
 }
 
 }  // namespace
+
+FUSCO_PARAM_INT(PlanTrace, "FUSCO_PLAN_TRACE", 0, 0, 1,
+                "1: log one line per MoE plan (rows, bytes, dedup), whatever the log level");
 
 fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, int expertAlignment,
                             MoeShape* out) {

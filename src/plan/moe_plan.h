@@ -94,6 +94,9 @@ struct MoeRecvPlan {
 fuscoResult_t planRecv(const MoeShape& shape, int rank, const std::vector<std::vector<int32_t>>& metaFrom,
                        MoeRecvPlan* out);
 
+// FUSCO_PLAN_TRACE: 1 logs describePlan's line for every plan, whatever the log level.
+int64_t paramPlanTrace();
+
 // One line summarizing a plan (FUSCO_PLAN_TRACE): rows per peer, bytes per path, dedup savings.
 std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
                          const MoeSendPlan& send, const MoeRecvPlan& recv, size_t rowBytes, Dedup dedup);

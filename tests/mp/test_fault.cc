@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/params.h"
+#include "core/bootstrap.h"
 #include "harness/data_gen.h"
 #include "harness/mp_harness.h"
 
@@ -358,7 +358,7 @@ TEST(MpHarness, EnvironmentIsSetInEveryRankBeforeTheBody) {
       [](const RankCtx& ctx) {
         const char* m = getenv("FUSCO_HARNESS_MARKER");
         EXPECT_TRUE(m != nullptr && std::string(m) == "yes");
-        EXPECT_EQ(fusco::paramInt("FUSCO_TIMEOUT_MS"), 4321) << "params must be reloaded";
+        EXPECT_EQ(fusco::paramTimeoutMs(), 4321) << "params must be reloaded";
         EXPECT_EQ(ctx.nranks, 2);
       },
       opt);

@@ -22,6 +22,10 @@
 
 namespace fusco {
 
+FUSCO_PARAM_INT(
+    ShmArenaBytes, "FUSCO_SHM_ARENA_BYTES", 4LL << 30, 0, INT64_MAX,
+    "virtual size of each rank's shared arena for fuscoMemAlloc (pages are used on touch)");
+
 namespace {
 
 constexpr size_t kDefaultChunkBytes = 512 * 1024;
@@ -112,8 +116,7 @@ fuscoResult_t shmSetupInto(ShmComm* c, const TransportContext& ctx, const std::v
   }
   uint64_t chunk = ctx.chunkBytes > 0 ? ctx.chunkBytes : kDefaultChunkBytes;
   uint64_t depth = ctx.depth > 0 ? static_cast<uint64_t>(ctx.depth) : kDefaultDepth;
-  int64_t arenaParam = paramInt("FUSCO_SHM_ARENA_BYTES");
-  uint64_t arenaBytes = arenaParam > 0 ? static_cast<uint64_t>(arenaParam) : 0;
+  const uint64_t arenaBytes = static_cast<uint64_t>(paramShmArenaBytes());
   if (!shmComputeLayout(static_cast<uint32_t>(peers.size()), depth, chunk, arenaBytes, &c->layout))
     return FUSCO_FAIL(fuscoInvalidArgument, kShm,
                       "shm segment size overflows: %zu rings of depth %llu x %llu bytes, arena "
