@@ -1,5 +1,5 @@
 // The transport conformance suite: the contract in src/transport/transport.h, written once and
-// run over every transport the build has (TransportConformance/Shm.*, /Ucx.*, /CudaIpc.*), as
+// run over every transport the build has (Transport/TransportConformance.*/Shm, /Ucx, /CudaIpc), as
 // UCX's gtests run each uct test over every transport. Ranks are forked processes
 // (harness/transport_group.h) that talk through the ops table only; a transport's descriptor
 // (harness/transport_kinds.h) says how its ranks are laid out. Transport-specific cases (shm
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,11 @@
 #include "harness/transport_group.h"
 #include "harness/transport_kinds.h"
 #include "harness/transport_traffic.h"
+
+namespace fusco::test::transport {
+// gtest prints a test's parameter with its name: the transport's, not its address.
+void PrintTo(const TransportKind* k, std::ostream* os) { *os << k->name; }
+}  // namespace fusco::test::transport
 
 namespace {
 
@@ -33,49 +39,29 @@ constexpr int64_t kFlushedMs = 5000;  // a close that may flush for a bounded ti
 
 // ---------------------------------------------------------------- the per-transport fixture
 
-struct Shm {
-  static const TransportKind& kind() { return shmKind(); }
-};
+// Every transport this build has: the suite is instantiated once for each.
+std::vector<const TransportKind*> builtTransports() {
+  std::vector<const TransportKind*> kinds{&shmKind()};
 #ifdef FUSCO_HAVE_UCX
-struct Ucx {
-  static const TransportKind& kind() { return ucxKind(); }
-};
+  kinds.push_back(&ucxKind());
 #endif
 #ifdef FUSCO_HAVE_CUDA
-struct CudaIpc {
-  static const TransportKind& kind() { return cudaIpcKind(); }
-};
+  kinds.push_back(&cudaIpcKind());
 #endif
+  return kinds;
+}
 
-#if defined(FUSCO_HAVE_UCX) && defined(FUSCO_HAVE_CUDA)
-using Transports = ::testing::Types<Shm, Ucx, CudaIpc>;
-#elif defined(FUSCO_HAVE_UCX)
-using Transports = ::testing::Types<Shm, Ucx>;
-#elif defined(FUSCO_HAVE_CUDA)
-using Transports = ::testing::Types<Shm, CudaIpc>;
-#else
-using Transports = ::testing::Types<Shm>;
-#endif
-
-struct TransportName {
-  template <typename K>
-  static std::string GetName(int) {
-    return K::kind().name;
-  }
-};
-
-template <typename K>
-class TransportConformance : public ::testing::Test {
+class TransportConformance : public ::testing::TestWithParam<const TransportKind*> {
  protected:
   void SetUp() override {
     bool mustRun = false;
-    const std::string why = kindSkipReason(K::kind(), &mustRun);
+    const std::string why = kindSkipReason(*GetParam(), &mustRun);
     if (mustRun) FAIL() << "FUSCO_TEST_REQUIRE_GPU=1 but " << why;
     if (!why.empty()) GTEST_SKIP() << why;
   }
-  static Options opts(int nranks, size_t chunk, int depth) {
+  Options opts(int nranks, size_t chunk, int depth) const {
     Options o;
-    o.kind = &K::kind();
+    o.kind = GetParam();
     o.nranks = nranks;
     o.chunkBytes = chunk;
     o.depth = depth;
@@ -83,7 +69,10 @@ class TransportConformance : public ::testing::Test {
   }
 };
 
-TYPED_TEST_SUITE(TransportConformance, Transports, TransportName);
+INSTANTIATE_TEST_SUITE_P(Transport, TransportConformance, ::testing::ValuesIn(builtTransports()),
+                         [](const ::testing::TestParamInfo<const TransportKind*>& i) {
+                           return std::string(i.param->name);
+                         });
 
 // ---------------------------------------------------------------- bodies
 
@@ -398,54 +387,54 @@ int closeInFlightBody(RankEnv& e) {
 
 // ---------------------------------------------------------------- the suite
 
-TYPED_TEST(TransportConformance, MessagesArriveInOrder) {
-  runChildren(this->opts(2, kSmallChunk, 2), [](RankEnv& e) { return exchangeAll(e, 5000); });
+TEST_P(TransportConformance, MessagesArriveInOrder) {
+  runChildren(opts(2, kSmallChunk, 2), [](RankEnv& e) { return exchangeAll(e, 5000); });
 }
 
-TYPED_TEST(TransportConformance, MessagesOfEveryLengthArriveIntactBetweenEveryPair) {
-  runChildren(this->opts(4, kChunk, kDepth), [](RankEnv& e) {
+TEST_P(TransportConformance, MessagesOfEveryLengthArriveIntactBetweenEveryPair) {
+  runChildren(opts(4, kChunk, kDepth), [](RankEnv& e) {
     CHILD_CHECK(e.peers.size() == 3u, "peers %zu", e.peers.size());
     return exchangeAll(e, 60);
   });
 }
 
-TYPED_TEST(TransportConformance, ZeroLengthMessagesKeepTheirTagsAndOrder) {
-  runChildren(this->opts(2, kSmallChunk, kDepth), [](RankEnv& e) { return zeroLengthBody(e, 30); });
+TEST_P(TransportConformance, ZeroLengthMessagesKeepTheirTagsAndOrder) {
+  runChildren(opts(2, kSmallChunk, kDepth), [](RankEnv& e) { return zeroLengthBody(e, 30); });
 }
 
-TYPED_TEST(TransportConformance, LargeMessageArrivesWholeInManySlices) {
-  runChildren(this->opts(2, kChunk, kDepth),
+TEST_P(TransportConformance, LargeMessageArrivesWholeInManySlices) {
+  runChildren(opts(2, kChunk, kDepth),
               [](RankEnv& e) { return largeMessageBody(e, 64 * kChunk + 123); });
 }
 
-TYPED_TEST(TransportConformance, SenderGetsAtMostDepthUnreleasedSlots) {
-  runChildren(this->opts(2, kSmallChunk, 3),
+TEST_P(TransportConformance, SenderGetsAtMostDepthUnreleasedSlots) {
+  runChildren(opts(2, kSmallChunk, 3),
               [](RankEnv& e) { return e.rank == 0 ? creditSender(e) : creditReceiver(e); });
 }
 
-TYPED_TEST(TransportConformance, SenderThatOutrunsTheReceiverBacksOffAndLosesNothing) {
-  runChildren(this->opts(2, kSmallChunk, 2), [](RankEnv& e) { return outrunBody(e, 300); });
+TEST_P(TransportConformance, SenderThatOutrunsTheReceiverBacksOffAndLosesNothing) {
+  runChildren(opts(2, kSmallChunk, 2), [](RankEnv& e) { return outrunBody(e, 300); });
 }
 
-TYPED_TEST(TransportConformance, MisuseIsAnInternalError) {
-  runChildren(this->opts(2, kSmallChunk, kDepth), misuseBody);
+TEST_P(TransportConformance, MisuseIsAnInternalError) {
+  runChildren(opts(2, kSmallChunk, kDepth), misuseBody);
 }
 
-TYPED_TEST(TransportConformance, SendsCompleteLocallyOnceTheReceiverHasThem) {
-  runChildren(this->opts(2, kChunk, kDepth), sendsCompleteBody);
+TEST_P(TransportConformance, SendsCompleteLocallyOnceTheReceiverHasThem) {
+  runChildren(opts(2, kChunk, kDepth), sendsCompleteBody);
 }
 
-TYPED_TEST(TransportConformance, PeerThatDiesEndsTheSurvivorsWaitsWithAnError) {
-  Options o = this->opts(3, kChunk, kDepth);
+TEST_P(TransportConformance, PeerThatDiesEndsTheSurvivorsWaitsWithAnError) {
+  Options o = opts(3, kChunk, kDepth);
   o.victim = kVictim;
   runChildren(o, survivorBody);
 }
 
-TYPED_TEST(TransportConformance, AbortReasonTravelsToPeers) {
-  runChildren(this->opts(3, kSmallChunk, kDepth), abortBody);
+TEST_P(TransportConformance, AbortReasonTravelsToPeers) {
+  runChildren(opts(3, kSmallChunk, kDepth), abortBody);
 }
 
-TYPED_TEST(TransportConformance, CloseWithSendsInFlightNeitherHangsNorLeaks) {
-  TypeParam::kind().ops->close(nullptr);  // close takes nullptr (and touches no device for it)
-  runChildren(this->opts(2, kChunk, kDepth), closeInFlightBody);
+TEST_P(TransportConformance, CloseWithSendsInFlightNeitherHangsNorLeaks) {
+  GetParam()->ops->close(nullptr);  // close takes nullptr (and touches no device for it)
+  runChildren(opts(2, kChunk, kDepth), closeInFlightBody);
 }
