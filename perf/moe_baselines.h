@@ -9,7 +9,7 @@
 //             weightedSumRows, row_reduce.h: the arithmetic of fusco's combine).
 //
 // With contiguous expert placement and no padding, the sorted dispatch output has exactly fusco's
-// expert-major layout (API.md), so the two can be compared byte for byte.
+// expert-major layout (docs/API.md), so the two can be compared byte for byte.
 // The exchange itself is pluggable: fuscoAllToAllv (same library, same transports) or
 // MPI_Alltoallv on MPI_COMM_WORLD.
 #pragma once

@@ -1,4 +1,4 @@
-// moe_perf: MoE dispatch + combine (PERF.md) in the FUSCO paper's shape, fusco against its
+// moe_perf: MoE dispatch + combine (docs/PERF.md) in the FUSCO paper's shape, fusco against its
 // baselines in one run:
 //   fusco    fuscoMoePlan + fuscoMoeDispatch + fuscoMoeCombine (expert compute is the identity and
 //            not timed: expertOut = recvX). With --fuse off it runs the unfused pipeline instead.

@@ -149,7 +149,7 @@ void Bench::printTable(const std::vector<Result>& res) const {
   fflush(stdout);
 }
 
-// The ablation ratios of PERF.md, between fusco variants of this run (printed only when the
+// The ablation ratios of docs/PERF.md, between fusco variants of this run (printed only when the
 // variants are there): NODE vs NONE dedup (time ratio against inter-node bytes ratio), GREEDY vs
 // STATIC balance, and per variant the busiest rank's inter-node send bytes against the ideal
 // (total / nranks; each rank is one rail here).

@@ -1,5 +1,5 @@
 // Host twins of the combine math. The multiply and the add of every term are separate roundings
-// (API.md's tree is defined without FMA), so contraction is switched off for this file; the
+// (docs/API.md's tree is defined without FMA), so contraction is switched off for this file; the
 // dynamic cost model lets -O2 builds vectorize the row loops too (GCC 12 -O2 defaults to
 // "very cheap", which skips loops of unknown trip count).
 #if defined(__clang__)

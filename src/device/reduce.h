@@ -1,4 +1,4 @@
-// Host twins of the combine math (API.md, "Combine"): fp32 <-> bf16 / fp16 conversion and the row
+// Host twins of the combine math (docs/API.md, "Combine"): fp32 <-> bf16 / fp16 conversion and the row
 // reductions every level of the fixed combine tree uses. Host C++ only (no CUDA headers), so the
 // host path, the kernels' tests and the planner tests share one definition of the arithmetic.
 //

@@ -3,7 +3,7 @@
 // kernels (engine_device.h). Dispatch: one pass, source rows straight into the receivers' final
 // expert-major rows (replicated per local expert). Combine: one pull operation; each source's
 // kernel reads its tokens' rows straight from every rank's expert output (mapped through CUDA
-// IPC) and writes the weighted sum in the fixed order of API.md: one pass, no partials, no
+// IPC) and writes the weighted sum in the fixed order of docs/API.md: one pass, no partials, no
 // landing area, and the routing weights never leave the source.
 #include <cstring>
 #include <vector>

@@ -1,5 +1,5 @@
 // The MoE planner: pure host code that turns router output (topkIdx) into the rows each rank
-// sends and where each received row lands, deterministically (API.md, "Dispatch output layout").
+// sends and where each received row lands, deterministically (docs/API.md, "Dispatch output layout").
 //
 // Protocol (run by the API layer over the engine):
 //   1. Each rank validates its routing and computes its send plan locally (planSend): per

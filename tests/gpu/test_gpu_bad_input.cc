@@ -1,4 +1,4 @@
-// Bad input on CUDA comms (TESTING.md, API.md's collective error rule): a host pointer (malloc)
+// Bad input on CUDA comms (docs/TESTING.md, docs/API.md's collective error rule): a host pointer (malloc)
 // where a CUDA comm needs device memory gives fuscoInvalidArgument on the rank that passed it and
 // an error naming that rank on every other rank, promptly; the comm stays usable afterwards (a
 // correct call is bit-exact).

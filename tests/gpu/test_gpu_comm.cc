@@ -18,7 +18,7 @@ using fusco::test::RankCtx;
 using fusco::test::runRanks;
 using namespace fusco::test::gpu;
 
-// An out-parameter value a failed init must leave alone (API.md: never written on failure).
+// An out-parameter value a failed init must leave alone (docs/API.md: never written on failure).
 fuscoComm_t sentinelComm() { return reinterpret_cast<fuscoComm_t>(uintptr_t{0x5a5a5a5a}); }
 
 class GpuComm : public ::testing::TestWithParam<int> {};

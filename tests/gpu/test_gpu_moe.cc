@@ -1,4 +1,4 @@
-// MoE plan, dispatch and combine on CUDA comms (API.md, "MoE dispatch and combine"): topkIdx,
+// MoE plan, dispatch and combine on CUDA comms (docs/API.md, "MoE dispatch and combine"): topkIdx,
 // x, expertOut, topkWeights and every output in device memory; recvX, tokensPerLocalExpert,
 // padding rows, dispatch stats and combine `out` (fp32, bf16, fp16) bit-exact against the host
 // reference (harness/moe_reference.h) in every dedup mode (a CUDA comm is one node, so NODE and

@@ -1,4 +1,4 @@
-// Stream semantics of CUDA comms (API.md, "Streams and completion"): a call is ordered on its
+// Stream semantics of CUDA comms (docs/API.md, "Streams and completion"): a call is ordered on its
 // stream after earlier work and before later work, and returns once the work is enqueued (no host
 // sync, except fuscoMoePlan, which may sync once). A spin kernel holds the stream back so that a
 // call that reads its inputs at enqueue time, writes its outputs after its stream position, or

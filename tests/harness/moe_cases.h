@@ -1,4 +1,4 @@
-// MoE test cases and checkers shared by tests/mp/test_moe_*.cc (API.md, "MoE dispatch and
+// MoE test cases and checkers shared by tests/mp/test_moe_*.cc (docs/API.md, "MoE dispatch and
 // combine"), checked against the sequential reference in harness/moe_reference.h. Every rank
 // regenerates every rank's routing and rows from the test seed, so the reference sees all inputs;
 // each rank checks its own recvX (bit-exact, padding rows zero over a 0xA5 poison), numRecvRows,

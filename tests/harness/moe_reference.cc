@@ -1,4 +1,4 @@
-// Sequential MoE reference: the definitions of API.md written as plain loops.
+// Sequential MoE reference: the definitions of docs/API.md written as plain loops.
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)

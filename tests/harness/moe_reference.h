@@ -1,4 +1,4 @@
-// An independent, sequential reference for MoE dispatch and combine (API.md, "MoE dispatch and
+// An independent, sequential reference for MoE dispatch and combine (docs/API.md, "MoE dispatch and
 // combine"). It sees every rank's inputs at once and computes what every rank must end up with,
 // straight from the definitions: no planner, no device code, its own bf16/fp16 conversions. Slow
 // on purpose (obvious loops), fine for test sizes.
@@ -42,7 +42,7 @@ MoeRefDispatch moeRefDispatch(const MoeRefProblem& p, const std::vector<std::vec
 
 // Every rank's `out` (numTokens[s] * hidden elements of dt) from every rank's expertOut (the
 // dispatch layout, hidden elements of dt per row) and topkWeights (empty vector: weights 1),
-// following API.md's fixed tree: per (token, rank) k ascending, then per node rank ascending, then
+// following docs/API.md's fixed tree: per (token, rank) k ascending, then per node rank ascending, then
 // nodes ascending; each level sums in fp32 from +0 (multiply and add rounded separately) and
 // rounds to dt. Tokens with no valid slot get zeros.
 std::vector<std::vector<uint8_t>> moeRefCombine(const MoeRefProblem& p, const MoeRefDispatch& d,

@@ -1,4 +1,4 @@
-// Bad input (TESTING.md): every case gets a clear fuscoResult_t and message on every rank,
+// Bad input (docs/TESTING.md): every case gets a clear fuscoResult_t and message on every rank,
 // promptly (well under the timeout), no rank reports success for a call that failed anywhere,
 // and the comm stays usable: a correct all-to-all afterwards is bit-exact.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// MoE combine (API.md, "MoE dispatch and combine"): `out` bit-exact against the reference's
+// MoE combine (docs/API.md, "MoE dispatch and combine"): `out` bit-exact against the reference's
 // fixed reduction tree in every dedup mode and combine type, plus combine stats; the setup and
 // checkers live in harness/moe_cases.h.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// MoE dispatch (API.md, "MoE dispatch and combine"): recvX, receive counts and dispatch stats
+// MoE dispatch (docs/API.md, "MoE dispatch and combine"): recvX, receive counts and dispatch stats
 // against the sequential reference; case generation and checkers live in harness/moe_cases.h,
 // which also documents the stats asserted.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# moe_perf's dedup / balance ablations (PERF.md) between two namespaced hosts over two
+# moe_perf's dedup / balance ablations (docs/PERF.md) between two namespaced hosts over two
 # rate-limited rails, every variant in one run (perf/README.md figure).
 #
 #   tests/netns/moe_ablation.sh [BUILD_DIR] [RATE] [moe_perf options...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Namespaced hosts for fusco tests (TESTING.md layer 4, label [netns]).
+# Namespaced hosts for fusco tests (docs/TESTING.md, layer 4, label [netns]).
 #
 # Builds N "nodes" (network namespaces) joined by R "rails" (one bridge per rail in the root
 # namespace); each node has one veth per rail, named the same on every node (fr0, fr1, ...) so

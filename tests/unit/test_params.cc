@@ -117,7 +117,7 @@ TEST_F(Params, UnknownNameReadsAsZeroOrEmpty) {
 }
 
 TEST_F(Params, ListHasEveryDocumentedKnobWithOneLineHelp) {
-  // API.md "Environment" names these; more are allowed.
+  // docs/API.md "Environment" names these; more are allowed.
   const char* documented[] = {"FUSCO_DEBUG",       "FUSCO_DEBUG_SUBSYS", "FUSCO_DEBUG_FILE",
                               "FUSCO_TIMEOUT_MS",  "FUSCO_LOCAL_SIZE",   "FUSCO_SOCKET_IFNAME",
                               "FUSCO_NET_DEVICES", "FUSCO_CHUNK_BYTES",  "FUSCO_PIPELINE_DEPTH",

@@ -15,7 +15,7 @@ Backward (autograd.Function):
   Both need values per *slot* (t,k) rather than per token, which fuscoMoeDispatch cannot move (it
   sends one row per token and destination rank). The "slot map" does: one more fuscoMoeDispatch
   at plan time carries each token's source rank to its slots, so the expert side knows which
-  slots came from which rank, in which order (API.md: block of local expert e = tokens of rank
+  slots came from which rank, in which order (docs/API.md: block of local expert e = tokens of rank
   0, then rank 1, ..., tokens ascending). The source side orders its valid (t,k) by (destination
   rank, expert, t) - the same order. fusco.all_to_all (fuscoGatherSend / fuscoScatterRecv)
   between those two index lists moves one value per slot: probs[t,k] to its slot (to_slots) and
@@ -69,7 +69,7 @@ class Route:
         self.tokens_per_expert = torch.tensor(list(counts)[:n_local], dtype=torch.int64)
         a = max(1, expert_alignment)
         self.rows_per_expert = (self.tokens_per_expert + a - 1) // a * a
-        if int(self.rows_per_expert.sum()) != self.num_recv_rows:  # API.md's padding rule
+        if int(self.rows_per_expert.sum()) != self.num_recv_rows:  # docs/API.md's padding rule
             raise FuscoError(_lib.INTERNAL_ERROR, "fusco: %d rows received but the padded expert "
                              "blocks %s add up to %d" % (self.num_recv_rows,
                                                          self.rows_per_expert.tolist(),
