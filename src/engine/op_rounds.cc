@@ -1,0 +1,238 @@
+// The header and verdict rounds of an operation: every pair's counts and offers, checked pairwise,
+// then every rank's verdict, so no rank moves data for a call that failed anywhere.
+#include <algorithm>
+#include <cstring>
+
+#include "core/fault.h"
+#include "engine/op_runner.h"
+
+namespace fusco {
+
+void OpRunner::buildHeaders() {
+  const bool direct = paramShmDirect() != 0;
+  for (int p = 0; p < n_; ++p) {
+    if (p == me_ || (!op_.collective && op_.peers[p].empty())) continue;
+    involved_[p] = true;
+    PairHeader& h = mine_[p];
+    h.kind = op_.kind;
+    h.seq = c_.nextPairSeq(p);
+    h.status = op_.argStatus;
+    for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
+    for (const auto& r : op_.peers[p].recvs) {
+      uint64_t token = kStagedToken;
+      const size_t extent = r.extentBytes();
+      if (direct && !op_.pullRun && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
+          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base, extent, &token))
+        token = kStagedToken;
+      h.recvBytes.push_back(r.bytes());
+      h.recvTokens.push_back(token);
+      h.recvExtents.push_back(r.contiguous() ? extent : (extent | kLayoutSharedBit));
+    }
+    if (op_.pullRun && op_.argStatus == fuscoSuccess) offerSends(p, &h);
+  }
+  for (int i = 1; i < n_; ++i) order_.push_back((me_ + i) % n_);
+  // The GPU path offers every receive buffer to its sender: in place, or a staging area.
+  if (onDevice() && !op_.pullRun && !op_.validateOnly && op_.argStatus == fuscoSuccess) {
+    fuscoResult_t r = deviceOffers(c_, op_, involved_, &mine_, &offers_);
+    if (r != fuscoSuccess) {
+      op_.argStatus = r;
+      op_.argError = threadLastError();
+    }
+  }
+  // A header must fit one slot. If one does not, this rank's call is unusable: every peer gets a
+  // short header saying so, decided before any header leaves.
+  for (int p = 0; p < n_; ++p) {
+    const PairHeader& h = mine_[p];
+    if (!involved_[p] || encodedHeaderBytes(h) <= c_.chunkBytes()) continue;
+    if (op_.argStatus == fuscoSuccess) {
+      op_.argStatus = fuscoInvalidArgument;
+      op_.argError = std::string(op_.name) + ": too many messages to rank " + std::to_string(p) +
+                     " in one call for a " + std::to_string(c_.chunkBytes()) +
+                     "-byte slot (raise FUSCO_CHUNK_BYTES)";
+    }
+  }
+  if (op_.argStatus == fuscoSuccess) return;
+  for (auto& h : mine_) {
+    h.status = op_.argStatus;
+    h.sendBytes.clear();
+    h.recvBytes.clear();
+    h.recvTokens.clear();
+    h.recvExtents.clear();
+    h.sendTokens.clear();
+    h.sendExtents.clear();
+  }
+}
+
+// A pull operation: every send stream's buffer, offered to its receiver (which reads it). Pull
+// operations run on the GPU only, with one message per pair.
+void OpRunner::offerSends(int p, PairHeader* h) {
+  const char* why = !onDevice() ? "runs on the GPU only"
+                    : op_.peers[p].sends.size() > 1 || op_.peers[p].recvs.size() > 1
+                        ? "has one message per pair"
+                        : nullptr;
+  if (why != nullptr) {
+    op_.argStatus = fuscoInternalError;
+    op_.argError = std::string(op_.name) + ": a pull operation " + why;
+    return;
+  }
+  for (const auto& s : op_.peers[p].sends) {
+    uint64_t token = kStagedToken;
+    const size_t extent = s.extentBytes();
+    if (s.bytes() > 0 && (extent < s.bytes() || !c_.regionToken(p, s.base, extent, &token))) {
+      op_.argStatus = fuscoInternalError;
+      op_.argError = std::string(op_.name) + ": a buffer rank " + std::to_string(p) +
+                     " reads cannot be offered to it (not mappable by its peers)";
+      return;
+    }
+    h->sendTokens.push_back(token);
+    h->sendExtents.push_back(extent);
+  }
+}
+
+fuscoResult_t OpRunner::headerRound() {
+  return loop("the header exchange", [&](bool* progressed, bool* done) -> fuscoResult_t {
+    *done = true;
+    for (int p : order_) {
+      if (!involved_[p]) continue;
+      const PeerConn& pc = c_.conn(p);
+      if (!sc_[p].headerSent) {
+        void* buf;
+        size_t cap, len;
+        FUSCO_CHECK(pc.ops->sendAcquire(pc.tc, p, &buf, &cap));
+        if (buf != nullptr) {
+          if (!encodeHeader(mine_[p], buf, cap, &len))
+            return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: call header does not fit a slot",
+                              op_.name);
+          if (faultCorruptHeaders()) faultCorruptBytes(buf, len);  // FUSCO_FAULT corrupt-header
+          FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagHeader, len));
+          sc_[p].headerSent = *progressed = true;
+        }
+      }
+      if (!rc_[p].headerSeen) {
+        const void* buf;
+        size_t len;
+        uint32_t tag;
+        FUSCO_CHECK(pc.ops->recvPoll(pc.tc, p, &buf, &len, &tag));
+        if (buf != nullptr) {
+          if (tag != kTagHeader || !decodeHeader(buf, len, &theirs_[p]))
+            return protocolError(p, "an unexpected message instead of a call header");
+          FUSCO_CHECK(pc.ops->recvRelease(pc.tc, p));
+          rc_[p].headerSeen = *progressed = true;
+        }
+      }
+      *done = *done && sc_[p].headerSent && rc_[p].headerSeen;
+    }
+    return fuscoSuccess;
+  });
+}
+
+// Both ranks of a pair reach the same conclusion from the same two headers.
+void OpRunner::checkPairs() {
+  pairMsg_.assign(n_, "");
+  for (int p = 0; p < n_; ++p) {
+    if (p == me_) {
+      const PeerWork& w = op_.peers[p];
+      bool same = w.sends.size() == w.recvs.size();
+      for (size_t i = 0; same && i < w.sends.size(); ++i)
+        same = w.sends[i].bytes() == w.recvs[i].bytes();
+      state_[p] = op_.argStatus != fuscoSuccess ? PairState::SelfBad
+                  : same                        ? PairState::Ok
+                                                : PairState::Mismatch;
+      if (!same)
+        pairMsg_[p] = "what rank " + std::to_string(me_) +
+                      " sends to itself does not match what it receives from itself";
+      continue;
+    }
+    if (!involved_[p]) {
+      state_[p] = PairState::Ok;
+      continue;
+    }
+    const PairHeader &m = mine_[p], &t = theirs_[p];
+    if (t.kind != m.kind || t.seq != m.seq) {
+      state_[p] = PairState::Mismatch;
+      pairMsg_[p] = "rank " + std::to_string(p) + " is in a different call (call #" +
+                    std::to_string(t.seq) + " of kind " + std::to_string((int)t.kind) +
+                    ", this rank: #" + std::to_string(m.seq) + " of kind " +
+                    std::to_string((int)m.kind) + ")";
+    } else if (m.status != fuscoSuccess) {
+      state_[p] = PairState::SelfBad;
+    } else if (t.status != fuscoSuccess) {
+      state_[p] = PairState::PeerBad;
+      pairMsg_[p] = "rank " + std::to_string(p) + " passed invalid arguments";
+    } else if (m.sendBytes != t.recvBytes || m.recvBytes != t.sendBytes) {
+      state_[p] = PairState::Mismatch;
+      auto str = [](const std::vector<uint64_t>& v) {
+        std::string s;
+        for (size_t i = 0; i < v.size() && i < 4; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+        return s + (v.size() > 4 ? ",..." : "") + " (" + std::to_string(v.size()) + " messages)";
+      };
+      pairMsg_[p] = "byte counts disagree with rank " + std::to_string(p) + ": this rank sends " +
+                    str(m.sendBytes) + " and expects " + str(m.recvBytes) + "; rank " +
+                    std::to_string(p) + " expects " + str(t.recvBytes) + " and sends " +
+                    str(t.sendBytes);
+    } else if (op_.pullRun && t.sendTokens.size() != t.sendBytes.size()) {
+      state_[p] = PairState::Mismatch;
+      pairMsg_[p] = "rank " + std::to_string(p) + " offered no buffer to read in a pull operation";
+    } else {
+      state_[p] = PairState::Ok;
+    }
+  }
+}
+
+fuscoResult_t OpRunner::verdictRound(Verdict* first) {
+  Verdict& v = verdicts_[me_];
+  v.status = fuscoSuccess;
+  if (op_.argStatus != fuscoSuccess) {
+    v.status = op_.argStatus;
+    v.culprit = me_;
+    v.message = op_.argError;
+  } else {
+    for (int p = 0; p < n_; ++p) {
+      if (state_[p] != PairState::Mismatch) continue;
+      v.status = fuscoInvalidUsage;
+      v.culprit = me_;
+      v.message = pairMsg_[p];
+      break;
+    }
+  }
+  inVerdict_ = true;
+  FUSCO_CHECK(loop("the verdict exchange", [&](bool* progressed, bool* done) -> fuscoResult_t {
+    *done = true;
+    for (int p : order_) {
+      const PeerConn& pc = c_.conn(p);
+      if (!sc_[p].verdictSent) {
+        void* buf;
+        size_t cap, len;
+        FUSCO_CHECK(pc.ops->sendAcquire(pc.tc, p, &buf, &cap));
+        if (buf != nullptr) {
+          encodeVerdict(v, buf, cap, &len);
+          FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagVerdict, len));
+          sc_[p].verdictSent = *progressed = true;
+        }
+      }
+      if (!rc_[p].verdictSeen) {
+        const void* buf;
+        size_t len;
+        uint32_t tag;
+        FUSCO_CHECK(pc.ops->recvPoll(pc.tc, p, &buf, &len, &tag));
+        if (buf != nullptr) {
+          if (tag != kTagVerdict || !decodeVerdict(buf, len, &verdicts_[p]))
+            return protocolError(p, "an unexpected message instead of a verdict");
+          FUSCO_CHECK(pc.ops->recvRelease(pc.tc, p));
+          rc_[p].verdictSeen = *progressed = true;
+        }
+      }
+      *done = *done && sc_[p].verdictSent && rc_[p].verdictSeen;
+    }
+    return fuscoSuccess;
+  }));
+  *first = Verdict();
+  for (int r = 0; r < n_; ++r)
+    if (verdicts_[r].status != fuscoSuccess) {
+      *first = verdicts_[r];
+      break;
+    }
+  return fuscoSuccess;
+}
+
+}  // namespace fusco
