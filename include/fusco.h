@@ -83,24 +83,24 @@ const char* fuscoGetLastError(fuscoComm_t comm);
 typedef struct {
   size_t size;
   unsigned int magic;
-  unsigned int version;     /* set by FUSCO_CONFIG_INITIALIZER */
-  fuscoMemType_t memType;   /* default fuscoMemHost */
-  int cudaDevice;           /* -1: the calling thread's current device */
-  int timeoutMs;            /* bootstrap and every operation; 0: FUSCO_TIMEOUT_MS or 300000 */
-  int localSize;            /* ranks per node: > 0 wins; 0: FUSCO_LOCAL_SIZE if set, else detect
-                               from host identity. With a size L, node = rank / L (the last node
-                               may be smaller). */
-  const char* netDevices;   /* inter-node devices/rails, comma separated; NULL: auto */
-  size_t chunkBytes;        /* pipeline slice size; 0: auto */
-  int pipelineDepth;        /* slices in flight per peer; 0: auto */
+  unsigned int version;   /* set by FUSCO_CONFIG_INITIALIZER */
+  fuscoMemType_t memType; /* default fuscoMemHost */
+  int cudaDevice;         /* -1: the calling thread's current device */
+  int timeoutMs;          /* bootstrap and every operation; 0: FUSCO_TIMEOUT_MS or 300000 */
+  int localSize;          /* ranks per node: > 0 wins; 0: FUSCO_LOCAL_SIZE if set, else detect
+                             from host identity. With a size L, node = rank / L (the last node
+                             may be smaller). */
+  const char* netDevices; /* inter-node devices/rails, comma separated; NULL: auto */
+  size_t chunkBytes;      /* pipeline slice size; 0: auto */
+  int pipelineDepth;      /* slices in flight per peer; 0: auto */
 } fuscoConfig_t;
 
 #define FUSCO_CONFIG_MAGIC 0xf05c0c0fu
 #define FUSCO_CONFIG_VERSION 1u
-#define FUSCO_CONFIG_INITIALIZER                                                              \
-  {                                                                                           \
-    sizeof(fuscoConfig_t), FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION, fuscoMemHost, -1, 0, 0, \
-        NULL, 0, 0                                                                            \
+#define FUSCO_CONFIG_INITIALIZER                                                                   \
+  {                                                                                                \
+    sizeof(fuscoConfig_t), FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION, fuscoMemHost, -1, 0, 0, NULL, \
+        0, 0                                                                                       \
   }
 
 /* [out] id: magic + root address + random secret. The root (rank 0) must run in the calling
@@ -156,8 +156,8 @@ fuscoResult_t fuscoRecv(void* recvbuff, size_t count, fuscoDataType_t datatype, 
 /* Rows named by an int64 index list (in the comm's memory space). */
 fuscoResult_t fuscoGatherSend(const void* sendbuff, const int64_t* rowIdx, size_t nrows,
                               size_t rowBytes, int peer, fuscoComm_t comm, void* stream);
-fuscoResult_t fuscoScatterRecv(void* recvbuff, const int64_t* rowIdx, size_t nrows,
-                               size_t rowBytes, int peer, fuscoComm_t comm, void* stream);
+fuscoResult_t fuscoScatterRecv(void* recvbuff, const int64_t* rowIdx, size_t nrows, size_t rowBytes,
+                               int peer, fuscoComm_t comm, void* stream);
 
 /* ---------------------------------------------------------------- layout descriptors */
 typedef struct fuscoLayout* fuscoLayout_t;
@@ -183,38 +183,38 @@ enum {
 typedef struct {
   size_t size;
   unsigned int magic;
-  unsigned int version;     /* FUSCO_MOE_CONFIG_INITIALIZER */
+  unsigned int version; /* FUSCO_MOE_CONFIG_INITIALIZER */
   int numExperts;
-  const int* expertToRank;  /* [numExperts] placement, host array, same on every rank; NULL:
-                               contiguous blocks of numExperts/nranks */
-  int dedup;                /* AUTO: NODE when numNodes > 1, else RANK */
-  int balance;              /* AUTO: the best available */
-  int expertAlignment;      /* pad each local expert's block to a multiple of this many rows */
+  const int* expertToRank; /* [numExperts] placement, host array, same on every rank; NULL:
+                              contiguous blocks of numExperts/nranks */
+  int dedup;               /* AUTO: NODE when numNodes > 1, else RANK */
+  int balance;             /* AUTO: the best available */
+  int expertAlignment;     /* pad each local expert's block to a multiple of this many rows */
 } fuscoMoeConfig_t;
 
 #define FUSCO_MOE_CONFIG_MAGIC 0xf05c0e0fu
 #define FUSCO_MOE_CONFIG_VERSION 1u
-#define FUSCO_MOE_CONFIG_INITIALIZER                                                        \
-  {                                                                                         \
-    sizeof(fuscoMoeConfig_t), FUSCO_MOE_CONFIG_MAGIC, FUSCO_MOE_CONFIG_VERSION, 0, NULL,    \
-        FUSCO_DEDUP_AUTO, FUSCO_BALANCE_AUTO, 0                                             \
+#define FUSCO_MOE_CONFIG_INITIALIZER                                                     \
+  {                                                                                      \
+    sizeof(fuscoMoeConfig_t), FUSCO_MOE_CONFIG_MAGIC, FUSCO_MOE_CONFIG_VERSION, 0, NULL, \
+        FUSCO_DEDUP_AUTO, FUSCO_BALANCE_AUTO, 0                                          \
   }
 
 typedef struct fuscoMoeHandle* fuscoMoeHandle_t;
-typedef struct {              /* what THIS rank sent in the last dispatch / combine of a handle */
-  size_t size;                /* caller sets sizeof(fuscoMoeStats_t) */
+typedef struct { /* what THIS rank sent in the last dispatch / combine of a handle */
+  size_t size;   /* caller sets sizeof(fuscoMoeStats_t) */
   size_t dispatchRowsIntraNode, dispatchRowsInterNode;
   size_t dispatchBytesIntraNode, dispatchBytesInterNode;
   size_t combineBytesIntraNode, combineBytesInterNode;
 } fuscoMoeStats_t;
 
 fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
-                           const fuscoMoeConfig_t* config, const int64_t* topkIdx,
-                           size_t numTokens, int topk, void* stream);
+                           const fuscoMoeConfig_t* config, const int64_t* topkIdx, size_t numTokens,
+                           int topk, void* stream);
 fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows,
                                     int64_t* tokensPerLocalExpert);
-fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes,
-                               void* recvX, void* stream);
+fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
+                               void* stream);
 fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream);

@@ -314,9 +314,8 @@ bool Rank::gatherInfo() {
   gethostname(host, sizeof(host) - 1);
   const size_t kRec = 128;
   char rec[kRec] = {};
-  int len = snprintf(rec, kRec, "Rank %3d Pid %7d on %-16.32s node %d/%d local rank %d/%d",
-                     l_.rank, static_cast<int>(getpid()), host, node, numNodes, localRank,
-                     localSize);
+  int len = snprintf(rec, kRec, "Rank %3d Pid %7d on %-16.32s node %d/%d local rank %d/%d", l_.rank,
+                     static_cast<int>(getpid()), host, node, numNodes, localRank, localSize);
   if (cuda() && len > 0 && static_cast<size_t>(len) < kRec)
     snprintf(rec + len, kRec - len, " device %d [%s]", cuda_.device, cuda_.gpuName.c_str());
   std::vector<char> s(kRec * l_.nranks), r(kRec * l_.nranks);
@@ -339,12 +338,14 @@ void Rank::printHeader(const std::vector<std::string>& info) const {
       "# minBytes %zu maxBytes %zu step: %d(factor) warmup iters: %d iters: %d "
       "validation: %d datatype: %s buffers: %s\n",
       o_.minBytes, o_.maxBytes, o_.factor, o_.warmup, o_.iters, o_.check, o_.type->name,
-      cuda() ? fusco::perf::bufferKindText(static_cast<BufferKind>(o_.arena))
-      : o_.arena ? "fuscoMemAlloc" : "malloc");
+      cuda()     ? fusco::perf::bufferKindText(static_cast<BufferKind>(o_.arena))
+      : o_.arena ? "fuscoMemAlloc"
+                 : "malloc");
   if (cuda())
-    printf("# memory: cuda (fuscoMemCuda comm, stream-ordered; iterations enqueued back to back, "
-           "then cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d)\n",
-           cuda_.gpuName.c_str(), cuda_.device, cuda_.deviceCount);
+    printf(
+        "# memory: cuda (fuscoMemCuda comm, stream-ordered; iterations enqueued back to back, "
+        "then cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d)\n",
+        cuda_.gpuName.c_str(), cuda_.device, cuda_.deviceCount);
   printf("#\n# Ranks\n");
   for (const std::string& s : info) printf("#  %s\n", s.c_str());
   printf("#\n");
@@ -414,7 +415,8 @@ bool Rank::runSize(size_t count, double* usPerIter, int64_t* wrong) {
   if (!maxOverRanks(us / o_.iters, usPerIter)) return false;
   *wrong = 0;
   if (!o_.check) return true;
-  if (!cuda()) memset(recv_, 0xA5, bytes);
+  if (!cuda())
+    memset(recv_, 0xA5, bytes);
   else if (!cudaOk(fusco::perf::cudaFillSync(recv_, 0xA5, bytes, stream_, &err), err.c_str()))
     return false;
   if (!dataOk(fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_))) return false;
@@ -436,8 +438,11 @@ void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double 
             "\"warmup\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
             "\"wrong\":%" PRId64 ",\"checked\":%d%s}\n",
             static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.type->name,
-            cuda() ? (o_.arena == 1 ? "arena" : o_.arena == 2 ? "registered" : "cudaMalloc")
-            : o_.arena ? "arena" : "malloc",
+            cuda()     ? (o_.arena == 1   ? "arena"
+                          : o_.arena == 2 ? "registered"
+                                          : "cudaMalloc")
+            : o_.arena ? "arena"
+                       : "malloc",
             bytes, count, o_.iters, o_.warmup, us, algbw, busbw, wrong, o_.check,
             cuda() ? (",\"mem\":\"cuda\",\"gpu\":\"" + cuda_.gpuName + "\"").c_str() : "");
     fflush(json_);

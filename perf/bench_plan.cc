@@ -39,7 +39,8 @@ void BM_PlanSend(benchmark::State& state) {
     fusco::planSendInto(shape, 0, idx.data(), tokens, topk, fusco::Dedup::Rank, &plan);
     benchmark::DoNotOptimize(plan.rows.data());
   }
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_PlanSend)->ArgsProduct({{4096, 16384}, {8, 64, 256}})->Unit(benchmark::kMicrosecond);
 

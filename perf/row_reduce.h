@@ -1,8 +1,8 @@
 // The row arithmetic of moe_perf's host baselines and checks: fp32 <-> bf16 / fp16 conversions and
 // the weighted row sum the unfused pipeline's un-permute applies. They follow the combine math the
-// library documents (docs/API.md, "Combine"): conversions round to nearest, ties to even (NaN stays a
-// quiet NaN, fp16 overflow gives inf, fp16 subnormals exact); a sum accumulates in fp32 from +0 in
-// the given order with the multiply and the add rounded separately (no FMA), then rounds once to
+// library documents (docs/API.md, "Combine"): conversions round to nearest, ties to even (NaN stays
+// a quiet NaN, fp16 overflow gives inf, fp16 subnormals exact); a sum accumulates in fp32 from +0
+// in the given order with the multiply and the add rounded separately (no FMA), then rounds once to
 // the row type. So the baseline computes what fuscoMoeCombine computes, bit for bit, at the speed
 // of a vectorized loop. Host C++ only; perf keeps its own copy so it needs only the public API.
 #pragma once

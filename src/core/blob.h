@@ -16,7 +16,8 @@ inline void appendBlob(std::string* out, const std::string& part) {
 }
 
 // Splits in[pos..] into exactly `count` parts; false if it is truncated or has trailing bytes.
-inline bool splitBlobs(const std::string& in, size_t pos, size_t count, std::vector<std::string>* parts) {
+inline bool splitBlobs(const std::string& in, size_t pos, size_t count,
+                       std::vector<std::string>* parts) {
   parts->clear();
   for (size_t i = 0; i < count; ++i) {
     uint64_t n;

@@ -80,7 +80,9 @@ void drainAfterError(const std::vector<int>& fds) {
   Deadline d(kErrorSendMs);
   char sink[4096];
   while (!open.empty() && !d.expired()) {
-    if (poll(open.data(), open.size(), static_cast<int>(std::max<int64_t>(1, d.remainingMs()))) <= 0) break;
+    if (poll(open.data(), open.size(), static_cast<int>(std::max<int64_t>(1, d.remainingMs()))) <=
+        0)
+      break;
     for (size_t i = 0; i < open.size();) {
       ssize_t n = open[i].revents ? recv(open[i].fd, sink, sizeof(sink), MSG_DONTWAIT) : 1;
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {

@@ -58,16 +58,17 @@ class Bootstrap {
   uint64_t commTag() const { return tag_; }
 
  private:
-  Bootstrap(int rank, int nranks, int64_t timeoutMs) : rank_(rank), nranks_(nranks), timeoutMs_(timeoutMs) {}
+  Bootstrap(int rank, int nranks, int64_t timeoutMs)
+      : rank_(rank), nranks_(nranks), timeoutMs_(timeoutMs) {}
   int rank_;
   int nranks_;
   int64_t timeoutMs_;
-  int rootFd_ = -1;              // non-root: socket to the root
-  std::vector<int> peerFds_;     // root: socket per rank (-1 for itself)
+  int rootFd_ = -1;           // non-root: socket to the root
+  std::vector<int> peerFds_;  // root: socket per rank (-1 for itself)
   uint64_t secret_ = 0;
-  uint64_t seq_ = 0;             // collective sequence number, checked on every message
-  uint64_t tag_ = 0;             // see commTag()
-  std::string rootAddr_;         // "ip:port" of the root, for messages
+  uint64_t seq_ = 0;      // collective sequence number, checked on every message
+  uint64_t tag_ = 0;      // see commTag()
+  std::string rootAddr_;  // "ip:port" of the root, for messages
   // After a failed collective the star is out of step: later calls fail at once with this code.
   fuscoResult_t broken_ = fuscoSuccess;
   friend struct BootstrapAccess;

@@ -87,9 +87,12 @@ bool parseSpec(const std::string& text, FaultSpec* spec, std::string* why) {
   std::vector<std::string> f = split(text, ':');
   if (f.size() < 3) return fail(why, "expected action:phase:rank=R");
   int a = lookup(kActionNames, f[0]);
-  if (a < 0) return fail(why, "unknown action '" + f[0] + "' (kill, stall, drop-connection, corrupt-header)");
+  if (a < 0)
+    return fail(why,
+                "unknown action '" + f[0] + "' (kill, stall, drop-connection, corrupt-header)");
   int p = lookup(kPhaseNames, f[1]);
-  if (p < 0) return fail(why, "unknown phase '" + f[1] + "' (bootstrap, plan, dispatch, combine, alltoall)");
+  if (p < 0)
+    return fail(why, "unknown phase '" + f[1] + "' (bootstrap, plan, dispatch, combine, alltoall)");
   spec->action = static_cast<FaultAction>(a);
   spec->phase = static_cast<FaultPhase>(p);
   bool haveRank = false;
@@ -139,8 +142,8 @@ fuscoResult_t apply(const FaultSpec& s, int rank, const FaultCtx* ctx) {
       tCorruptHeaders = true;
       return fuscoSuccess;
     case FaultAction::DropConnection: {
-      std::string reason = "fault injected: drop-connection on rank " + std::to_string(rank) +
-                           " at phase " + phase;
+      std::string reason =
+          "fault injected: drop-connection on rank " + std::to_string(rank) + " at phase " + phase;
       if (ctx != nullptr && ctx->dropConnections) ctx->dropConnections(reason.c_str());
       return FUSCO_FAIL(fuscoSystemError, kInit, "phase %s: %s", phase, reason.c_str());
     }

@@ -36,8 +36,8 @@ struct FaultSpec {
   FaultAction action = FaultAction::Kill;
   FaultPhase phase = FaultPhase::Bootstrap;
   int rank = -1;
-  int64_t after = 1;         // fire at the after-th arrival at the phase
-  int64_t ms = 600000;       // stall length
+  int64_t after = 1;    // fire at the after-th arrival at the phase
+  int64_t ms = 600000;  // stall length
 };
 
 // "bootstrap", "plan", ... / "kill", "stall", ...

@@ -2,8 +2,9 @@
 // recorded start time guards against a recycled pid.
 #pragma once
 
-#include <cstdint>
 #include <sys/types.h>
+
+#include <cstdint>
 
 namespace fusco {
 

@@ -36,9 +36,9 @@ struct SubsysName {
   const char* name;
   uint32_t bit;
 };
-const SubsysName kSubsysNames[] = {{"INIT", kInit}, {"BOOT", kBoot}, {"PLAN", kPlan},
-                                   {"ENGINE", kEngine}, {"SHM", kShm}, {"IPC", kIpc},
-                                   {"UCX", kUcx}, {"API", kApi}, {"NET", kNet}, {"ALL", kAll}};
+const SubsysName kSubsysNames[] = {
+    {"INIT", kInit}, {"BOOT", kBoot}, {"PLAN", kPlan}, {"ENGINE", kEngine}, {"SHM", kShm},
+    {"IPC", kIpc},   {"UCX", kUcx},   {"API", kApi},   {"NET", kNet},       {"ALL", kAll}};
 
 const char* subsysName(Subsys s) {
   for (const auto& n : kSubsysNames)
@@ -67,10 +67,16 @@ std::string expandPath(const std::string& pattern, const char* host) {
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
       char c = pattern[++i];
-      if (c == 'h') out += host;
-      else if (c == 'p') out += std::to_string(getpid());
-      else if (c == '%') out += '%';
-      else { out += '%'; out += c; }
+      if (c == 'h')
+        out += host;
+      else if (c == 'p')
+        out += std::to_string(getpid());
+      else if (c == '%')
+        out += '%';
+      else {
+        out += '%';
+        out += c;
+      }
     } else {
       out += pattern[i];
     }

@@ -35,10 +35,10 @@ void logSetRank(int rank);
 
 }  // namespace fusco
 
-#define FUSCO_LOG(level, subsys, ...)                                                \
-  do {                                                                               \
-    if (::fusco::logEnabled((level), (subsys)))                                      \
-      ::fusco::logMessage((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);       \
+#define FUSCO_LOG(level, subsys, ...)                                          \
+  do {                                                                         \
+    if (::fusco::logEnabled((level), (subsys)))                                \
+      ::fusco::logMessage((level), (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 // A line at `level` that the level and the subsystem mask do not filter (see logMessageForced).
 #define FUSCO_LOG_ALWAYS(level, subsys, ...) \

@@ -11,16 +11,26 @@ thread_local std::string tLastError;
 
 const char* resultName(fuscoResult_t r) {
   switch (r) {
-    case fuscoSuccess: return "no error";
-    case fuscoUnhandledCudaError: return "unhandled cuda error (run with FUSCO_DEBUG=INFO for details)";
-    case fuscoSystemError: return "unhandled system error (run with FUSCO_DEBUG=INFO for details)";
-    case fuscoInternalError: return "internal error - please report this issue to the fusco developers";
-    case fuscoInvalidArgument: return "invalid argument (run with FUSCO_DEBUG=WARN for details)";
-    case fuscoInvalidUsage: return "invalid usage (run with FUSCO_DEBUG=WARN for details)";
-    case fuscoRemoteError: return "remote process exited or there was a network error";
-    case fuscoInProgress: return "FUSCO operation in progress";
-    case fuscoTimeout: return "operation timed out";
-    default: return "unknown result code";
+    case fuscoSuccess:
+      return "no error";
+    case fuscoUnhandledCudaError:
+      return "unhandled cuda error (run with FUSCO_DEBUG=INFO for details)";
+    case fuscoSystemError:
+      return "unhandled system error (run with FUSCO_DEBUG=INFO for details)";
+    case fuscoInternalError:
+      return "internal error - please report this issue to the fusco developers";
+    case fuscoInvalidArgument:
+      return "invalid argument (run with FUSCO_DEBUG=WARN for details)";
+    case fuscoInvalidUsage:
+      return "invalid usage (run with FUSCO_DEBUG=WARN for details)";
+    case fuscoRemoteError:
+      return "remote process exited or there was a network error";
+    case fuscoInProgress:
+      return "FUSCO operation in progress";
+    case fuscoTimeout:
+      return "operation timed out";
+    default:
+      return "unknown result code";
   }
 }
 

@@ -6,8 +6,8 @@
 #include <cerrno>
 #include <string>
 
-#include "fusco.h"
 #include "core/log.h"
+#include "fusco.h"
 
 namespace fusco {
 
@@ -18,8 +18,8 @@ const std::string& threadLastError();
 void clearThreadLastError();
 
 // Records msg as the thread's last error and logs it at WARN. Returns r for `return` chaining.
-fuscoResult_t setError(fuscoResult_t r, Subsys s, const char* file, int line, const char* fmt,
-                       ...) __attribute__((format(printf, 5, 6)));
+fuscoResult_t setError(fuscoResult_t r, Subsys s, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 }  // namespace fusco
 
@@ -42,12 +42,12 @@ fuscoResult_t setError(fuscoResult_t r, Subsys s, const char* file, int line, co
   } while (0)
 
 // Retry a syscall on EINTR; on failure log errno and return fuscoSystemError.
-#define FUSCO_SYSCHECK(call, subsys, what)                                               \
-  do {                                                                                   \
-    long fusco_rc_;                                                                      \
-    do {                                                                                 \
-      fusco_rc_ = (long)(call);                                                          \
-    } while (fusco_rc_ == -1 && errno == EINTR);                                         \
-    if (fusco_rc_ == -1)                                                                 \
+#define FUSCO_SYSCHECK(call, subsys, what)                                                 \
+  do {                                                                                     \
+    long fusco_rc_;                                                                        \
+    do {                                                                                   \
+      fusco_rc_ = (long)(call);                                                            \
+    } while (fusco_rc_ == -1 && errno == EINTR);                                           \
+    if (fusco_rc_ == -1)                                                                   \
       return FUSCO_FAIL(fuscoSystemError, subsys, "%s failed: %s", what, strerror(errno)); \
   } while (0)

@@ -9,8 +9,8 @@ namespace fusco {
 struct NodeMap {
   int nranks = 0;
   int numNodes = 0;
-  std::vector<int> nodeOf;       // [nranks]
-  std::vector<int> localRankOf;  // [nranks]
+  std::vector<int> nodeOf;                    // [nranks]
+  std::vector<int> localRankOf;               // [nranks]
   std::vector<std::vector<int>> ranksOfNode;  // [numNodes], ascending ranks
 
   bool sameNode(int a, int b) const { return nodeOf[a] == nodeOf[b]; }

@@ -46,14 +46,15 @@ fuscoResult_t cudaUseDevice(int requested, int* device) {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no usable CUDA device: %s (%s)", cudaGetErrorName(e),
-                      cudaGetErrorString(e));
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no usable CUDA device: %s (%s)",
+                      cudaGetErrorName(e), cudaGetErrorString(e));
   }
   if (n == 0) return FUSCO_FAIL(fuscoUnhandledCudaError, kInit, "no CUDA device is present");
   int dev = requested;
   if (dev < 0) FUSCO_CUDACHECK(cudaGetDevice(&dev), kInit);
   if (dev >= n)
-    return FUSCO_FAIL(fuscoInvalidArgument, kInit, "config.cudaDevice %d: only %d CUDA device(s) present", dev, n);
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit,
+                      "config.cudaDevice %d: only %d CUDA device(s) present", dev, n);
   FUSCO_CUDACHECK(cudaSetDevice(dev), kInit);
   *device = dev;
   return fuscoSuccess;
@@ -77,25 +78,31 @@ bool cudaIsDevicePointer(const void* p) {
 
 fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value) {
   static WriteFn fn = driverFn<WriteFn>("cuStreamWriteValue32");
-  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 is unavailable");
+  if (fn == nullptr)
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 is unavailable");
   CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value, 0);
   if (r != CUDA_SUCCESS)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 failed (CUresult %d)", static_cast<int>(r));
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 failed (CUresult %d)",
+                      static_cast<int>(r));
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value) {
   static WaitFn fn = driverFn<WaitFn>("cuStreamWaitValue32");
-  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 is unavailable");
-  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value, CU_STREAM_WAIT_VALUE_GEQ);
+  if (fn == nullptr)
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 is unavailable");
+  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value,
+                  CU_STREAM_WAIT_VALUE_GEQ);
   if (r != CUDA_SUCCESS)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 failed (CUresult %d)", static_cast<int>(r));
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 failed (CUresult %d)",
+                      static_cast<int>(r));
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes) {
   static RangeFn fn = driverFn<RangeFn>("cuMemGetAddressRange");
-  if (fn == nullptr) return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuMemGetAddressRange is unavailable");
+  if (fn == nullptr)
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuMemGetAddressRange is unavailable");
   CUdeviceptr b = 0;
   size_t n = 0;
   if (fn(&b, &n, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
@@ -177,7 +184,8 @@ fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
 
 namespace {
 fuscoResult_t notBuilt() {
-  return FUSCO_FAIL(fuscoInvalidUsage, kInit, "this build of fusco has no CUDA path (configure with the CUDA toolkit)");
+  return FUSCO_FAIL(fuscoInvalidUsage, kInit,
+                    "this build of fusco has no CUDA path (configure with the CUDA toolkit)");
 }
 }  // namespace
 
@@ -197,8 +205,12 @@ fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
-fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) { return notBuilt(); }
-fuscoResult_t deviceStorePointers(const char**, const char* const*, size_t, void*) { return notBuilt(); }
+fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) {
+  return notBuilt();
+}
+fuscoResult_t deviceStorePointers(const char**, const char* const*, size_t, void*) {
+  return notBuilt();
+}
 fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
 
 #endif

@@ -18,10 +18,10 @@ namespace fusco {
 
 namespace {
 
-constexpr int kBatch = 32;          // copy tasks per launch (kernel parameters, by value)
-constexpr int kCopyThreads = 256;   // 8 warps, one row each at a time
-constexpr int kUnroll = 4;          // 16-byte loads in flight per lane
-constexpr int kSumThreads = 128;  // one summed token per block
+constexpr int kBatch = 32;         // copy tasks per launch (kernel parameters, by value)
+constexpr int kCopyThreads = 256;  // 8 warps, one row each at a time
+constexpr int kUnroll = 4;         // 16-byte loads in flight per lane
+constexpr int kSumThreads = 128;   // one summed token per block
 
 struct CopyBatch {
   DevCopyTask t[kBatch];
@@ -32,7 +32,8 @@ struct CopyBatch {
 
 // Copies len bytes from s to each of the ndst destinations, with one warp.
 template <bool kVec>
-__device__ __forceinline__ void warpCopy(const char* s, char* const* dsts, int ndst, uint64_t len, int lane) {
+__device__ __forceinline__ void warpCopy(const char* s, char* const* dsts, int ndst, uint64_t len,
+                                         int lane) {
   uint64_t done = 0;
   if (kVec) {
     const uint64_t nv = len / 16;
@@ -67,12 +68,15 @@ __global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant
   const int lane = threadIdx.x & 31;
   const uint64_t nwarps = (static_cast<uint64_t>(gridDim.x) * blockDim.x) >> 5;
   const uint64_t total = b.rowStart[b.n];
-  for (uint64_t g = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; g < total; g += nwarps) {
+  for (uint64_t g = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; g < total;
+       g += nwarps) {
     int lo = 0, hi = b.n - 1;
     while (lo < hi) {
       int mid = (lo + hi + 1) >> 1;
-      if (b.rowStart[mid] <= g) lo = mid;
-      else hi = mid - 1;
+      if (b.rowStart[mid] <= g)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const DevCopyTask& t = b.t[lo];
     const uint64_t i = g - b.rowStart[lo];
@@ -83,15 +87,20 @@ __global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant
     const bool vec = (b.vec >> lo) & 1u;
     if (t.fanStart == nullptr) {
       dsts[0] = t.dst + (t.dstRows ? static_cast<uint64_t>(t.dstRows[i]) * t.rowBytes : off);
-      if (vec) warpCopy<true>(s, dsts, 1, len, lane);
-      else warpCopy<false>(s, dsts, 1, len, lane);
+      if (vec)
+        warpCopy<true>(s, dsts, 1, len, lane);
+      else
+        warpCopy<false>(s, dsts, 1, len, lane);
       continue;
     }
     for (uint32_t f0 = t.fanStart[i], f1 = t.fanStart[i + 1]; f0 < f1; f0 += kMaxFan) {
       const int nd = static_cast<int>(min(f1 - f0, static_cast<uint32_t>(kMaxFan)));
-      for (int d = 0; d < nd; ++d) dsts[d] = t.dst + static_cast<uint64_t>(t.fanRows[f0 + d]) * t.rowBytes;
-      if (vec) warpCopy<true>(s, dsts, nd, len, lane);
-      else warpCopy<false>(s, dsts, nd, len, lane);
+      for (int d = 0; d < nd; ++d)
+        dsts[d] = t.dst + static_cast<uint64_t>(t.fanRows[f0 + d]) * t.rowBytes;
+      if (vec)
+        warpCopy<true>(s, dsts, nd, len, lane);
+      else
+        warpCopy<false>(s, dsts, nd, len, lane);
     }
   }
 }
@@ -104,7 +113,9 @@ struct Elem<fuscoFloat32> {
   static __device__ __forceinline__ float load(const char* row, uint64_t j) {
     return reinterpret_cast<const float*>(row)[j];
   }
-  static __device__ __forceinline__ void store(char* row, uint64_t j, float v) { reinterpret_cast<float*>(row)[j] = v; }
+  static __device__ __forceinline__ void store(char* row, uint64_t j, float v) {
+    reinterpret_cast<float*>(row)[j] = v;
+  }
   static constexpr int kSize = 4;
 };
 template <>
@@ -147,9 +158,12 @@ __device__ __forceinline__ void storeVec(char* row, uint64_t j, const float* in)
 // Round to the datatype and back: what a level of the tree hands to the next one.
 template <int kDt>
 __device__ __forceinline__ float roundTrip(float x) {
-  if constexpr (kDt == fuscoFloat32) return x;
-  else if constexpr (kDt == fuscoBfloat16) return asFloat(static_cast<uint32_t>(floatToBf16Inline(x)) << 16);
-  else return halfToFloatInline(floatToHalfInline(x));
+  if constexpr (kDt == fuscoFloat32)
+    return x;
+  else if constexpr (kDt == fuscoBfloat16)
+    return asFloat(static_cast<uint32_t>(floatToBf16Inline(x)) << 16);
+  else
+    return halfToFloatInline(floatToHalfInline(x));
 }
 
 // The combine sum: one block per token. The block first stages its terms' row addresses and
@@ -157,19 +171,24 @@ __device__ __forceinline__ float roundTrip(float x) {
 // each thread loads U vectors of C terms before the first add, so many loads are in flight. Terms
 // are added in their fixed order, so the bits do not depend on U or C.
 constexpr int kSumU = 2, kSumC = 4;
-constexpr int kTermsShared = 64;  // terms staged in shared memory (later ones read their index directly)
+constexpr int kTermsShared =
+    64;  // terms staged in shared memory (later ones read their index directly)
 
 // One vector of a row: 16 bytes (V elements) when aligned, else one element, kept raw until used.
 template <int kDt, int V>
 struct Lane {
   using Raw = typename std::conditional<(V > 1), uint4, float>::type;
   static __device__ __forceinline__ Raw load(const char* row, uint64_t j) {
-    if constexpr (V > 1) return reinterpret_cast<const uint4*>(row)[j];
-    else return Elem<kDt>::load(row, j);
+    if constexpr (V > 1)
+      return reinterpret_cast<const uint4*>(row)[j];
+    else
+      return Elem<kDt>::load(row, j);
   }
   static __device__ __forceinline__ float get(const Raw& r, int v) {
-    if constexpr (V > 1) return Elem<kDt>::load(reinterpret_cast<const char*>(&r), v);
-    else return r;
+    if constexpr (V > 1)
+      return Elem<kDt>::load(reinterpret_cast<const char*>(&r), v);
+    else
+      return r;
   }
 };
 
@@ -184,7 +203,8 @@ struct Term {
 // Vectors j0 + u * blockDim.x (u < U) of one token: every group's terms summed in fp32 in order
 // and rounded to the datatype when the group closes, the groups summed in order into acc.
 template <int kDt, int V, typename TermOf>
-__device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, TermOf term, float (&acc)[kSumU][V]) {
+__device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, TermOf term,
+                                         float (&acc)[kSumU][V]) {
   using L = Lane<kDt, V>;
   float grp[kSumU][V];
 #pragma unroll
@@ -228,7 +248,8 @@ __device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, Ter
 }
 
 template <int kDt, int V>
-__global__ void __launch_bounds__(kSumThreads) finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden) {
+__global__ void __launch_bounds__(kSumThreads)
+    finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden) {
   __shared__ Term staged[kTermsShared];
   const uint64_t rowBytes = hidden * Elem<kDt>::kSize;
   const uint64_t nvec = hidden / V;
@@ -317,8 +338,10 @@ fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
   constexpr int V = 16 / Elem<kDt>::kSize;
   static const int perSmVec = residentPerSm(finalSumKernel<kDt, V>, kSumThreads);
   static const int perSmOne = residentPerSm(finalSumKernel<kDt, 1>, kSumThreads);
-  if (vec) finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden);
-  else finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden);
+  if (vec)
+    finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden);
+  else
+    finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden);
   return launchResult("launching the combine sum kernel");
 }
 
@@ -349,18 +372,25 @@ fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
   return fuscoSuccess;
 }
 
-fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream) {
+fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f,
+                             void* stream) {
   if (f.ntokens == 0) return fuscoSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dt) {
-    case fuscoFloat32: return finalTyped<fuscoFloat32>(hidden, f, s);
-    case fuscoBfloat16: return finalTyped<fuscoBfloat16>(hidden, f, s);
-    case fuscoFloat16: return finalTyped<fuscoFloat16>(hidden, f, s);
-    default: return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d", static_cast<int>(dt));
+    case fuscoFloat32:
+      return finalTyped<fuscoFloat32>(hidden, f, s);
+    case fuscoBfloat16:
+      return finalTyped<fuscoBfloat16>(hidden, f, s);
+    case fuscoFloat16:
+      return finalTyped<fuscoFloat16>(hidden, f, s);
+    default:
+      return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d",
+                        static_cast<int>(dt));
   }
 }
 
-fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n, void* stream) {
+fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n,
+                                  void* stream) {
   for (size_t at = 0; at < n; at += kPointersPerLaunch) {
     PointerBatch b{};
     b.dst = dst + at;
@@ -372,10 +402,11 @@ fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, siz
   return fuscoSuccess;
 }
 
-fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream) {
+fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n,
+                             void* stream) {
   if (n == 0) return fuscoSuccess;
-  zeroRowsKernel<<<gridFor(n, 4), 128, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<char*>(base), rowBytes,
-                                                                              rows, n);
+  zeroRowsKernel<<<gridFor(n, 4), 128, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<char*>(base), rowBytes, rows, n);
   return launchResult("launching the padding kernel");
 }
 

@@ -70,13 +70,15 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSu
 
 // Stores ptrs[0..n) to dst[0..n) in device memory, stream-ordered, the values carried in the
 // launches themselves (so the call never waits for the stream, as a copy from pageable memory may).
-fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n, void* stream);
+fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n,
+                                  void* stream);
 
 // FUSCO_CUDA_SMS: multiprocessors the copy and sum kernels may use (0: all). Declared in
 // cuda_rt.cc, which every build compiles, so `fusco_info` lists it in builds without CUDA too.
 int64_t paramCudaSms();
 
 // Zero-fills rows[0..n) of base (rows of rowBytes).
-fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n, void* stream);
+fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n,
+                             void* stream);
 
 }  // namespace fusco

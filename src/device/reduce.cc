@@ -17,10 +17,11 @@
 #endif
 
 #include "device/reduce.h"
-#include "device/reduce_math.h"
 
 #include <algorithm>
 #include <cstring>
+
+#include "device/reduce_math.h"
 
 namespace fusco {
 
@@ -89,8 +90,8 @@ inline float widenFloat(const unsigned char* row, size_t j) {
 }
 // acc[j] = acc[j] + w * x[j] (product rounded first), and acc[j] = acc[j] + x[j].
 template <typename Widen>
-inline void accumulate(float* __restrict acc, const unsigned char* __restrict row, size_t n, float w,
-                       Widen widen) {
+inline void accumulate(float* __restrict acc, const unsigned char* __restrict row, size_t n,
+                       float w, Widen widen) {
   for (size_t j = 0; j < n; ++j) {
     const float p = w * widen(row, j);
     acc[j] = acc[j] + p;
@@ -121,14 +122,20 @@ void reduceRows(fuscoDataType_t dt, size_t hidden, const void* const* rows, cons
       const unsigned char* row = static_cast<const unsigned char*>(rows[i]) + c0 * es;
       // One pass per row: load, widen, scale, add (the product rounded before the add).
       if (dt == fuscoBfloat16) {
-        if (weights) accumulate(acc, row, n, weights[i], widenBf16);
-        else accumulatePlain(acc, row, n, widenBf16);
+        if (weights)
+          accumulate(acc, row, n, weights[i], widenBf16);
+        else
+          accumulatePlain(acc, row, n, widenBf16);
       } else if (dt == fuscoFloat16) {
-        if (weights) accumulate(acc, row, n, weights[i], widenHalf);
-        else accumulatePlain(acc, row, n, widenHalf);
+        if (weights)
+          accumulate(acc, row, n, weights[i], widenHalf);
+        else
+          accumulatePlain(acc, row, n, widenHalf);
       } else {
-        if (weights) accumulate(acc, row, n, weights[i], widenFloat);
-        else accumulatePlain(acc, row, n, widenFloat);
+        if (weights)
+          accumulate(acc, row, n, weights[i], widenFloat);
+        else
+          accumulatePlain(acc, row, n, widenFloat);
       }
     }
     storeFromFloatImpl(dt, acc, n, static_cast<char*>(out) + c0 * es);

@@ -1,6 +1,6 @@
-// Host twins of the combine math (docs/API.md, "Combine"): fp32 <-> bf16 / fp16 conversion and the row
-// reductions every level of the fixed combine tree uses. Host C++ only (no CUDA headers), so the
-// host path, the kernels' tests and the planner tests share one definition of the arithmetic.
+// Host twins of the combine math (docs/API.md, "Combine"): fp32 <-> bf16 / fp16 conversion and the
+// row reductions every level of the fixed combine tree uses. Host C++ only (no CUDA headers), so
+// the host path, the kernels' tests and the planner tests share one definition of the arithmetic.
 //
 // Exact semantics (the device kernels must match them bit for bit):
 //   * Conversions to bf16 / fp16 round to nearest, ties to even. NaN stays NaN (quiet, sign and top

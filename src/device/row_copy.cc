@@ -9,7 +9,8 @@ namespace {
 
 // Address of the (first) copy of logical row i.
 inline char* rowAddr(const RowStream& s, size_t i) {
-  if (s.fanStart != nullptr) return s.base + static_cast<size_t>(s.fanRows[s.fanStart[i]]) * s.rowBytes;
+  if (s.fanStart != nullptr)
+    return s.base + static_cast<size_t>(s.fanRows[s.fanStart[i]]) * s.rowBytes;
   if (s.rows != nullptr) return s.base + static_cast<size_t>(s.rows[i]) * s.rowBytes;
   return s.base + i * s.rowBytes;
 }
@@ -78,14 +79,16 @@ void streamCopy(const RowStream& src, size_t srcOff, const RowStream& dst, size_
     scatterBytes(dst, dstOff, len, src.base + srcOff);
     return;
   }
-  // Both sides indexed (or a produced source): walk the destination's pieces and gather each from the source.
+  // Both sides indexed (or a produced source): walk the destination's pieces and gather each from
+  // the source.
   forPieces(dst, dstOff, len, [&](size_t row, size_t inRow, size_t n, size_t at) {
     if (dst.fanStart == nullptr) {
       gatherBytes(src, srcOff + at, n, rowAddr(dst, row) + inRow);
       return;
     }
     for (uint32_t f = dst.fanStart[row]; f < dst.fanStart[row + 1]; ++f)
-      gatherBytes(src, srcOff + at, n, dst.base + static_cast<size_t>(dst.fanRows[f]) * dst.rowBytes + inRow);
+      gatherBytes(src, srcOff + at, n,
+                  dst.base + static_cast<size_t>(dst.fanRows[f]) * dst.rowBytes + inRow);
   });
 }
 

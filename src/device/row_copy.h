@@ -46,11 +46,11 @@ struct RowStream {
   size_t* landed = nullptr;
 
   size_t bytes() const { return nrows * rowBytes; }
-  bool contiguous() const {
-    return rows == nullptr && fanStart == nullptr && produce == nullptr;
-  }
+  bool contiguous() const { return rows == nullptr && fanStart == nullptr && produce == nullptr; }
   size_t extentBytes() const { return extent ? extent : (contiguous() ? bytes() : 0); }
-  size_t readyBytes() const { return ready == nullptr ? bytes() : std::min(bytes(), ready(readyCtx)); }
+  size_t readyBytes() const {
+    return ready == nullptr ? bytes() : std::min(bytes(), ready(readyCtx));
+  }
   static RowStream flat(const void* p, size_t bytes) {
     RowStream s;
     s.base = static_cast<char*>(const_cast<void*>(p));

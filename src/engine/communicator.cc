@@ -35,9 +35,11 @@ int firstFailure(const std::vector<std::string>& all, std::string* why) {
   return -1;
 }
 
-fuscoResult_t agreeOnOutcome(Bootstrap& b, const std::string& failure, int* failed, std::string* why) {
+fuscoResult_t agreeOnOutcome(Bootstrap& b, const std::string& failure, int* failed,
+                             std::string* why) {
   std::vector<std::string> all;
-  FUSCO_CHECK(b.allGather(failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure, &all));
+  FUSCO_CHECK(
+      b.allGather(failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure, &all));
   *failed = firstFailure(all, why);
   return fuscoSuccess;
 }
@@ -131,7 +133,8 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
         },
         [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); });
   }
-  FUSCO_INFO(kInit, "comm rank %d/%d node %d/%d local rank %d/%d: chunk %zu B, depth %d, timeout %lld ms",
+  FUSCO_INFO(kInit,
+             "comm rank %d/%d node %d/%d local rank %d/%d: chunk %zu B, depth %d, timeout %lld ms",
              rank, nranks, c->nodes_.nodeOf[rank], c->nodes_.numNodes, c->nodes_.localRankOf[rank],
              c->nodes_.localSize(c->nodes_.nodeOf[rank]), c->ctx_.chunkBytes, c->ctx_.depth,
              static_cast<long long>(c->ctx_.timeoutMs));
@@ -183,7 +186,8 @@ fuscoResult_t Communicator::connectTransports() {
   std::string why;
   if (const int r = firstFailure(all, &why); r >= 0) {
     if (r == rank_) return FUSCO_FAIL(fuscoInvalidUsage, kInit, "%s", why.c_str());
-    return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r, why.c_str());
+    return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r,
+                      why.c_str());
   }
   for (size_t t = 0; t < list.size(); ++t) {
     if (tcs[t] == nullptr) continue;
@@ -204,8 +208,8 @@ fuscoResult_t Communicator::connectTransports() {
   int failed = -1;
   FUSCO_CHECK(agreeOnOutcome(*bootstrap_, failure, &failed, &why));
   if (failed >= 0)
-    return FUSCO_FAIL(failed == rank_ ? fuscoSystemError : fuscoRemoteError, kInit, "rank %d could not connect: %s",
-                      failed, why.c_str());
+    return FUSCO_FAIL(failed == rank_ ? fuscoSystemError : fuscoRemoteError, kInit,
+                      "rank %d could not connect: %s", failed, why.c_str());
   for (int p = 0; p < nranks_; ++p)
     if (conns_[p].ops) FUSCO_INFO(kInit, "peer %d via %s", p, conns_[p].ops->name);
   return fuscoSuccess;
@@ -234,15 +238,19 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
   FUSCO_CHECK(agreeOnOutcome(*bootstrap_, failure, &failed, &why));
   if (status != fuscoSuccess) return FUSCO_FAIL(status, kInit, "%s", error.c_str());
   if (failed >= 0)
-    return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed, why.c_str());
+    return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed,
+                      why.c_str());
   if (nodes_.numNodes > 1)
-    return FUSCO_FAIL(fuscoInvalidUsage, kInit,
-                      "a fuscoMemCuda communicator must span one node (CUDA IPC); these %d ranks form %d nodes",
-                      nranks_, nodes_.numNodes);
+    return FUSCO_FAIL(
+        fuscoInvalidUsage, kInit,
+        "a fuscoMemCuda communicator must span one node (CUDA IPC); these %d ranks form %d nodes",
+        nranks_, nodes_.numNodes);
   return fuscoSuccess;
 }
 
-fuscoResult_t Communicator::useDevice() const { return device_ < 0 ? fuscoSuccess : cudaSetCurrent(device_); }
+fuscoResult_t Communicator::useDevice() const {
+  return device_ < 0 ? fuscoSuccess : cudaSetCurrent(device_);
+}
 
 // A transport exports whole CUDA allocations (what IPC shares), so it is given the allocation that
 // holds [ptr, ptr + bytes).
@@ -252,10 +260,11 @@ fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
   void* base = nullptr;
   size_t size = 0;
   if (!cudaIsDevicePointer(ptr) || cudaAllocationRange(ptr, &base, &size) != fuscoSuccess)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: %p is not CUDA device memory", ptr);
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: %p is not CUDA device memory",
+                      ptr);
   if (static_cast<char*>(ptr) + bytes > static_cast<char*>(base) + size)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: [%p, +%zu) runs past its CUDA allocation", ptr,
-                      bytes);
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "fuscoCommRegister: [%p, +%zu) runs past its CUDA allocation", ptr, bytes);
   for (auto& t : transports_)
     if (t.first->memRegister) FUSCO_CHECK(t.first->memRegister(t.second, base, size));
   return fuscoSuccess;
@@ -275,7 +284,8 @@ fuscoResult_t Communicator::memDeregister(void* ptr) {
 fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
   const PeerConn& pc = conns_[peer];
   if (pc.ops == nullptr || pc.ops->deviceFlags == nullptr)
-    return FUSCO_FAIL(fuscoInternalError, kEngine, "rank %d is not connected by a device transport", peer);
+    return FUSCO_FAIL(fuscoInternalError, kEngine, "rank %d is not connected by a device transport",
+                      peer);
   return pc.ops->deviceFlags(pc.tc, peer, out);
 }
 
@@ -327,7 +337,8 @@ fuscoResult_t Communicator::memFree(void* ptr) {
   }
   for (auto& t : transports_)
     if (t.first->memFree) return t.first->memFree(t.second, ptr);
-  return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemFree: %p was not allocated by fuscoMemAlloc on this comm", ptr);
+  return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                    "fuscoMemFree: %p was not allocated by fuscoMemAlloc on this comm", ptr);
 }
 
 bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const {

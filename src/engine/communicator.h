@@ -41,11 +41,12 @@ struct PeerConn {
 // The communicator's scratch slots (Communicator::scratch), one per use, so no two uses that can
 // be in flight together share a buffer.
 enum ScratchSlot : int {
-  kDeviceStagingScratch = 0,  // engine, GPU path: receives staged because their buffer is not mappable
-  kLandingScratch = 1,        // host MoE combine: partial rows landing at the source
-  kStagingScratch = 2,        // host MoE NODE dispatch: rows a forwarder or relay passes on
-  kExpertCopyScratch = 3,     // CUDA MoE combine: a mappable copy of an unregistered expertOut
-  kBasesScratch = 4,          // CUDA MoE combine: the ranks' mapped expertOut bases for the sum kernel
+  kDeviceStagingScratch =
+      0,                   // engine, GPU path: receives staged because their buffer is not mappable
+  kLandingScratch = 1,     // host MoE combine: partial rows landing at the source
+  kStagingScratch = 2,     // host MoE NODE dispatch: rows a forwarder or relay passes on
+  kExpertCopyScratch = 3,  // CUDA MoE combine: a mappable copy of an unregistered expertOut
+  kBasesScratch = 4,       // CUDA MoE combine: the ranks' mapped expertOut bases for the sum kernel
 };
 
 class Communicator {

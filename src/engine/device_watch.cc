@@ -10,10 +10,13 @@
 namespace fusco {
 
 namespace {
-bool reached(uint32_t value, uint32_t expected) { return static_cast<int32_t>(value - expected) >= 0; }
+bool reached(uint32_t value, uint32_t expected) {
+  return static_cast<int32_t>(value - expected) >= 0;
+}
 }  // namespace
 
-DeviceWatch::DeviceWatch(int64_t timeoutMs, int64_t livenessMs, std::function<fuscoResult_t(int)> checkPeer,
+DeviceWatch::DeviceWatch(int64_t timeoutMs, int64_t livenessMs,
+                         std::function<fuscoResult_t(int)> checkPeer,
                          std::function<void(fuscoResult_t, const std::string&)> fail)
     : timeoutNs_(timeoutMs * 1000000LL),
       livenessNs_(std::max<int64_t>(1, livenessMs) * 1000000LL),
@@ -77,7 +80,8 @@ void DeviceWatch::run() {
       peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
       for (int p : peers) {
         if (checkPeer_(p) == fuscoSuccess) continue;
-        std::string why = "a stream wait for rank " + std::to_string(p) + " was released: " + threadLastError();
+        std::string why =
+            "a stream wait for rank " + std::to_string(p) + " was released: " + threadLastError();
         FUSCO_WARN(kEngine, "%s", why.c_str());
         releaseAll(fuscoRemoteError, why);
         break;
@@ -85,8 +89,9 @@ void DeviceWatch::run() {
     }
     if (!waits_.empty() && now - lastProgress_ >= timeoutNs_) {
       const Wait& w = waits_.front();
-      std::string why = std::string("no progress within the timeout (") + std::to_string(timeoutNs_ / 1000000) +
-                        " ms) while a stream waited for rank " + std::to_string(w.peer) + " (" + w.what + ")";
+      std::string why =
+          std::string("no progress within the timeout (") + std::to_string(timeoutNs_ / 1000000) +
+          " ms) while a stream waited for rank " + std::to_string(w.peer) + " (" + w.what + ")";
       FUSCO_WARN(kEngine, "%s", why.c_str());
       releaseAll(fuscoTimeout, why);
     }
@@ -102,7 +107,8 @@ void DeviceWatch::drain() {
     sweep();
     if (waits_.empty()) break;
     if (released_ || nowNs() - start >= timeoutNs_) {
-      releaseAll(fuscoTimeout, "the communicator was destroyed while its streams still waited for peers");
+      releaseAll(fuscoTimeout,
+                 "the communicator was destroyed while its streams still waited for peers");
       break;
     }
     lk.unlock();

@@ -35,14 +35,14 @@ struct PeerWork {
 struct Op {
   const char* name = "";
   OpKind kind = OpKind::Group;
-  bool collective = false;            // every rank takes part (verdict round, all peers)
-  bool validateOnly = false;          // check counts pairwise and agree; move no data
+  bool collective = false;    // every rank takes part (verdict round, all peers)
+  bool validateOnly = false;  // check counts pairwise and agree; move no data
   // Every rank already agreed, earlier in the same API call, that the arguments are valid: a
   // collective skips its verdict round (pairs are still checked from the headers).
   bool agreed = false;
   fuscoResult_t argStatus = fuscoSuccess;  // this rank's own argument check
-  std::string argError;               // its message
-  std::vector<PeerWork> peers;        // [nranks]; peers[rank] are copies to self
+  std::string argError;                    // its message
+  std::vector<PeerWork> peers;             // [nranks]; peers[rank] are copies to self
   // fuscoMemCuda comms: the caller's cudaStream_t; the data moves on the GPU, stream-ordered, and
   // the call returns once it is enqueued. hostData: the streams are host memory even on a CUDA
   // comm (the planner's own exchanges), moved by the host as on a host comm.

@@ -39,11 +39,13 @@ fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opNam
     t->rowBytes = s.rowBytes;
     t->nrows = s.nrows;
   } else {
-    return FUSCO_FAIL(fuscoInvalidUsage, kEngine, "%s: rows of %zu bytes cannot land in rows of %zu bytes on the GPU",
-                      opName, s.rowBytes, d.rowBytes);
+    return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                      "%s: rows of %zu bytes cannot land in rows of %zu bytes on the GPU", opName,
+                      s.rowBytes, d.rowBytes);
   }
   if (t->rowBytes * t->nrows < t->totalBytes && !(flat(s) && flat(d)))
-    return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: a device copy of %llu bytes does not match its rows", opName,
+    return FUSCO_FAIL(fuscoInternalError, kEngine,
+                      "%s: a device copy of %llu bytes does not match its rows", opName,
                       static_cast<unsigned long long>(t->totalBytes));
   return fuscoSuccess;
 }
@@ -74,7 +76,8 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
       PairHeader& h = (*mine)[p];
       h.recvExtents[m] = h.recvBytes[m];  // the sender writes the bytes contiguously
       if (!c.regionToken(p, offers->staging + at, h.recvBytes[m], &h.recvTokens[m]))
-        return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: the staging area is not reachable by rank %d", op.name, p);
+        return FUSCO_FAIL(fuscoInternalError, kEngine,
+                          "%s: the staging area is not reachable by rank %d", op.name, p);
     }
   }
   return fuscoSuccess;
@@ -89,7 +92,8 @@ struct PairFlags {
   std::vector<uint32_t> sendSeq, recvSeq;
   std::vector<bool> sends, recvs;
 
-  fuscoResult_t init(Communicator& c, const std::vector<PairHeader>& mine, const std::vector<bool>& moves) {
+  fuscoResult_t init(Communicator& c, const std::vector<PairHeader>& mine,
+                     const std::vector<bool>& moves) {
     const int n = c.nranks();
     flags.assign(n, {});
     sendSeq.assign(n, 0), recvSeq.assign(n, 0);
@@ -114,7 +118,8 @@ struct PairFlags {
     return fuscoSuccess;
   }
   // ... and waits for flag `kind` from them, each wait watched on the host (DeviceWatch).
-  fuscoResult_t await(Communicator& c, void* s, int kind, bool fromSenders, const char* what) const {
+  fuscoResult_t await(Communicator& c, void* s, int kind, bool fromSenders,
+                      const char* what) const {
     const auto& who = fromSenders ? recvs : sends;
     const auto& seq = fromSenders ? recvSeq : sendSeq;
     for (size_t p = 0; p < who.size(); ++p) {
@@ -129,7 +134,8 @@ struct PairFlags {
 // A pull operation (Op::pullRun): senders say "ready" (flag 1), receivers read with one kernel
 // and say "done reading" (flag 0); a sender's stream goes on once every receiver is done.
 fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
-                              const std::vector<PairHeader>& theirs, const std::vector<bool>& moves) {
+                              const std::vector<PairHeader>& theirs,
+                              const std::vector<bool>& moves) {
   const int n = c.nranks(), me = c.rank();
   void* s = op.stream;
   PairFlags f;
@@ -138,7 +144,8 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
   // A failure here still walks every flag round (without reading), so no peer waits on this rank.
   fuscoResult_t r = fuscoSuccess;
   for (int p = 0; p < n && r == fuscoSuccess; ++p) {
-    if (!moves[p]) continue;  // one message per pair and one offer per message: checked before the verdict
+    if (!moves[p])
+      continue;  // one message per pair and one offer per message: checked before the verdict
     if (p == me) {
       if (!op.peers[me].sends.empty()) bases[me] = op.peers[me].sends[0].base;
       continue;
@@ -146,11 +153,13 @@ fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<P
     if (!f.recvs[p]) continue;
     const PairHeader& t = theirs[p];
     const PeerConn& pc = c.conn(p);
-    void* base = t.sendTokens.empty() || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
-                     ? nullptr
-                     : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
+    void* base =
+        t.sendTokens.empty() || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
+            ? nullptr
+            : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
     if (base == nullptr)
-      r = FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered", op.name, p);
+      r = FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered",
+                     op.name, p);
     bases[p] = static_cast<const char*>(base);
   }
   FUSCO_CHECK(f.post(s, 1, false));  // "ready" to every reader
@@ -196,11 +205,13 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
                          ? nullptr
                          : pc.ops->peerPointer(pc.tc, p, token, extent & ~kLayoutSharedBit);
         if (base == nullptr)
-          return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered for message %zu",
-                            op.name, p, m);
+          return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine,
+                            "%s: cannot map the buffer rank %d offered for message %zu", op.name, p,
+                            m);
         if (extent & kLayoutSharedBit) {
           if (w.remoteDst.size() <= m)
-            return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d shares a layout this rank does not know", op.name, p);
+            return FUSCO_FAIL(fuscoInternalError, kEngine,
+                              "%s: rank %d shares a layout this rank does not know", op.name, p);
           dst = w.remoteDst[m];
           dst.base = static_cast<char*>(base);
         } else {
@@ -224,7 +235,8 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
       if (offers.stagedAt[p][m] < 0) continue;
       const RowStream& dst = op.peers[p].recvs[m];
       DevCopyTask t;
-      FUSCO_CHECK(copyTask(RowStream::flat(offers.staging + offers.stagedAt[p][m], dst.bytes()), dst, op.name, &t));
+      FUSCO_CHECK(copyTask(RowStream::flat(offers.staging + offers.stagedAt[p][m], dst.bytes()),
+                           dst, op.name, &t));
       copies.push_back(t);
     }
   }

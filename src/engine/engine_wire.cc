@@ -14,11 +14,17 @@ struct Writer {
   size_t cap, len = 0;
   bool ok = true;
   void put(const void* v, size_t n) {
-    if (len + n > cap) { ok = false; return; }
+    if (len + n > cap) {
+      ok = false;
+      return;
+    }
     memcpy(p + len, v, n);
     len += n;
   }
-  template <typename T> void pod(T v) { put(&v, sizeof(v)); }
+  template <typename T>
+  void pod(T v) {
+    put(&v, sizeof(v));
+  }
 };
 
 struct Reader {
@@ -26,11 +32,19 @@ struct Reader {
   size_t len, pos = 0;
   bool ok = true;
   void get(void* v, size_t n) {
-    if (pos + n > len) { ok = false; return; }
+    if (pos + n > len) {
+      ok = false;
+      return;
+    }
     memcpy(v, p + pos, n);
     pos += n;
   }
-  template <typename T> T pod() { T v{}; get(&v, sizeof(v)); return v; }
+  template <typename T>
+  T pod() {
+    T v{};
+    get(&v, sizeof(v));
+    return v;
+  }
 };
 
 void putVec(Writer& w, const std::vector<uint64_t>& v) {
@@ -83,7 +97,8 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   return getVec(r, &h->sendBytes, maxCount) && getVec(r, &h->recvBytes, maxCount) &&
          getVec(r, &h->recvTokens, maxCount) && getVec(r, &h->recvExtents, maxCount) &&
          getVec(r, &h->sendTokens, maxCount) && getVec(r, &h->sendExtents, maxCount) &&
-         h->recvTokens.size() == h->recvBytes.size() && h->recvExtents.size() == h->recvBytes.size() &&
+         h->recvTokens.size() == h->recvBytes.size() &&
+         h->recvExtents.size() == h->recvBytes.size() &&
          (h->sendTokens.empty() || h->sendTokens.size() == h->sendBytes.size()) &&
          h->sendExtents.size() == h->sendTokens.size();
 }

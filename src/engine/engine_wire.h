@@ -9,8 +9,12 @@
 
 namespace fusco {
 
-enum : uint32_t { kTagHeader = 0x48445231, kTagVerdict = 0x56524431, kTagData = 0x44415431,
-                  kTagDirectDone = 0x44444e31 };
+enum : uint32_t {
+  kTagHeader = 0x48445231,
+  kTagVerdict = 0x56524431,
+  kTagData = 0x44415431,
+  kTagDirectDone = 0x44444e31
+};
 
 constexpr uint64_t kStagedToken = ~0ull;
 // Set in a recvExtents entry when the offer is for a shared layout (rows the sender knows), not
@@ -30,8 +34,8 @@ struct PairHeader {
 };
 
 struct Verdict {
-  int32_t status = 0;   // fuscoSuccess or the error this rank found
-  int32_t culprit = -1; // rank whose arguments or counts were wrong
+  int32_t status = 0;    // fuscoSuccess or the error this rank found
+  int32_t culprit = -1;  // rank whose arguments or counts were wrong
   std::string message;
 };
 

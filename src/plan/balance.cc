@@ -265,7 +265,8 @@ void assignForwarders(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
 }
 
 void planGreedy(const NodeMap& nodes, const std::vector<uint64_t>& rowsTo,
-                const std::vector<uint64_t>& total, bool allowRelay, uint64_t cap, BalancePlan* out) {
+                const std::vector<uint64_t>& total, bool allowRelay, uint64_t cap,
+                BalancePlan* out) {
   std::vector<Piece> relayPieces;
   std::vector<char> hasRelay(nodes.nranks, 0);
   if (allowRelay) {

@@ -113,7 +113,8 @@ fuscoResult_t scanMeta(int rank, int s, const std::vector<int32_t>& meta, int nu
   while (i < size) {
     const int32_t m = w[i];
     // Most rows feed one expert of this rank: in range, and nothing to check for duplicates.
-    if (m == 1 && i + 1 < size && static_cast<uint32_t>(w[i + 1]) < static_cast<uint32_t>(numLocal)) {
+    if (m == 1 && i + 1 < size &&
+        static_cast<uint32_t>(w[i + 1]) < static_cast<uint32_t>(numLocal)) {
       ++count[w[i + 1]];
       ++slots;
       ++rows;
@@ -227,7 +228,8 @@ fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t
   // Rows and forward-metadata row indices are 32-bit on the wire.
   if (numTokens > static_cast<size_t>(INT32_MAX)) {
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
-                      "MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank", numTokens);
+                      "MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank",
+                      numTokens);
   }
   // stampOf[e] = token + 1 that last selected e, slotOf[e] its slot: duplicates in O(1) per slot.
   std::vector<size_t> stampOf(shape.numExperts, 0);
@@ -272,9 +274,9 @@ void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_
   std::vector<SendCount> c;
   countSend(shape, topkIdx, numTokens, topk, perRank, &c);
   // Exact sizes (a reused plan keeps its capacity, scratch included, so layer after layer only
-  // the counters above and the bucket cursors are allocated). The slots go through per-rank buckets first: scattering one record per
-  // slot and then writing each rank's four lists in sequence is much cheaper than scattering into
-  // all of them at once.
+  // the counters above and the bucket cursors are allocated). The slots go through per-rank buckets
+  // first: scattering one record per slot and then writing each rank's four lists in sequence is
+  // much cheaper than scattering into all of them at once.
   size_t total = 0;
   for (int r = 0; r < n; ++r) {
     p.rows[r].resize(c[r].rows);
@@ -392,7 +394,8 @@ std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
   peers += "]";
   // Bytes only when the row size is known (a plan is made before the first dispatch names it).
   auto path = [rowBytes](size_t rows) {
-    return std::to_string(rows) + " rows" + (rowBytes ? "/" + std::to_string(rows * rowBytes) + " B" : "");
+    return std::to_string(rows) + " rows" +
+           (rowBytes ? "/" + std::to_string(rows * rowBytes) + " B" : "");
   };
   char buf[512];
   snprintf(buf, sizeof(buf),

@@ -1,5 +1,6 @@
 // The MoE planner: pure host code that turns router output (topkIdx) into the rows each rank
-// sends and where each received row lands, deterministically (docs/API.md, "Dispatch output layout").
+// sends and where each received row lands, deterministically (docs/API.md, "Dispatch output
+// layout").
 //
 // Protocol (run by the API layer over the engine):
 //   1. Each rank validates its routing and computes its send plan locally (planSend): per
@@ -23,16 +24,20 @@
 
 namespace fusco {
 
-enum class Dedup : int { None = FUSCO_DEDUP_NONE, Rank = FUSCO_DEDUP_RANK, Node = FUSCO_DEDUP_NODE };
+enum class Dedup : int {
+  None = FUSCO_DEDUP_NONE,
+  Rank = FUSCO_DEDUP_RANK,
+  Node = FUSCO_DEDUP_NODE
+};
 
 // The communicator's shape and the expert placement (same on every rank).
 struct MoeShape {
   int nranks = 0;
   int numExperts = 0;
-  std::vector<int> expertToRank;          // [numExperts]
+  std::vector<int> expertToRank;               // [numExperts]
   std::vector<std::vector<int>> localExperts;  // [nranks] global ids, ascending
-  std::vector<int> localIndexOf;          // [numExperts] index of e among its rank's experts
-  int expertAlignment = 1;                // >= 1
+  std::vector<int> localIndexOf;               // [numExperts] index of e among its rank's experts
+  int expertAlignment = 1;                     // >= 1
 };
 
 // Builds the shape; placement == nullptr means contiguous blocks of numExperts / nranks.
@@ -43,7 +48,8 @@ fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, in
 
 // Checks topkIdx: every id in [-1, numExperts), no id twice within one token.
 // fuscoInvalidArgument with a message naming the token and slot ("token 17 slot 3: ...").
-fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens, int topk);
+fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
+                           int topk);
 
 // What one rank sends in dispatch.
 struct MoeSendPlan {
@@ -71,8 +77,8 @@ struct MoeSendPlan {
 MoeSendPlan planSend(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                      int topk, Dedup dedup);
 // The same plan written into *out, reusing its vectors' capacity (once it has seen its largest
-// layer, a plan rebuilt every layer allocates only O(nranks) counters). Expects validateTopk to have passed; ids
-// outside the range are skipped.
+// layer, a plan rebuilt every layer allocates only O(nranks) counters). Expects validateTopk to
+// have passed; ids outside the range are skipped.
 void planSendInto(const MoeShape& shape, int rank, const int64_t* topkIdx, size_t numTokens,
                   int topk, Dedup dedup, MoeSendPlan* out);
 
@@ -91,14 +97,15 @@ struct MoeRecvPlan {
 // metaFrom[s] is the metadata rank s sent to `rank` (may be empty). fuscoRemoteError with a message
 // naming the source if it is malformed (count 0, index out of range, truncated, an expert twice
 // in one row); *out is untouched on failure and its vectors' capacity is reused on success.
-fuscoResult_t planRecv(const MoeShape& shape, int rank, const std::vector<std::vector<int32_t>>& metaFrom,
-                       MoeRecvPlan* out);
+fuscoResult_t planRecv(const MoeShape& shape, int rank,
+                       const std::vector<std::vector<int32_t>>& metaFrom, MoeRecvPlan* out);
 
 // FUSCO_PLAN_TRACE: 1 logs describePlan's line for every plan, whatever the log level.
 int64_t paramPlanTrace();
 
 // One line summarizing a plan (FUSCO_PLAN_TRACE): rows per peer, bytes per path, dedup savings.
 std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
-                         const MoeSendPlan& send, const MoeRecvPlan& recv, size_t rowBytes, Dedup dedup);
+                         const MoeSendPlan& send, const MoeRecvPlan& recv, size_t rowBytes,
+                         Dedup dedup);
 
 }  // namespace fusco

@@ -32,7 +32,8 @@ uint64_t segRowsEnd(const NodeSegment& g, size_t size) {
 size_t metaRows(const int32_t* meta, size_t len, int32_t maxM = INT32_MAX) {
   size_t rows = 0;
   for (size_t i = 0; i < len; ++rows) {
-    if (meta[i] < 1 || meta[i] > maxM || static_cast<size_t>(meta[i]) > len - i - 1) return SIZE_MAX;
+    if (meta[i] < 1 || meta[i] > maxM || static_cast<size_t>(meta[i]) > len - i - 1)
+      return SIZE_MAX;
     i += 1 + static_cast<size_t>(meta[i]);
   }
   return rows;
@@ -92,11 +93,12 @@ void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
   // Per block k = (segment i - a, local rank lr): rows at 2k, metadata words at 2k + 1.
   s->blockSize.assign(2 * blocks, 0);
   uint64_t* size = s->blockSize.data();
-  forEachRankRow(local, plan, s->tokenRow, [size, ls](size_t lr, size_t where, const int32_t*, uint32_t m) {
-    const size_t k = (where >> 32) * ls + lr;
-    size[2 * k] += 1;
-    size[2 * k + 1] += 1 + m;
-  });
+  forEachRankRow(local, plan, s->tokenRow,
+                 [size, ls](size_t lr, size_t where, const int32_t*, uint32_t m) {
+                   const size_t k = (where >> 32) * ls + lr;
+                   size[2 * k] += 1;
+                   size[2 * k + 1] += 1 + m;
+                 });
   // Where each segment starts in its forwarder's list; every list is resized once, before any
   // pointer into it is taken.
   s->segStart.resize(b - a);
@@ -104,7 +106,8 @@ void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
     size_t& end = (*filled)[segs[i].forwarder];
     if (end == kNoRow) end = 0;
     s->segStart[i - a] = end;
-    for (size_t k = (i - a) * ls; k < (i - a + 1) * ls; ++k) end += 2 + size[2 * k] + size[2 * k + 1];
+    for (size_t k = (i - a) * ls; k < (i - a + 1) * ls; ++k)
+      end += 2 + size[2 * k] + size[2 * k + 1];
   }
   for (size_t i = a; i < b; ++i) (*fwdMeta)[segs[i].forwarder].resize((*filled)[segs[i].forwarder]);
   // Each block's count words, and write cursors: blockAt[2k] for its rows, [2k + 1] for its words.
@@ -121,15 +124,16 @@ void planNodeGroup(const std::vector<int>& local, const MoeSendPlan& plan,
       p += size[2 * k + 1];
     }
   }
-  forEachRankRow(local, plan, s->tokenRow, [at, ls](size_t lr, size_t where, const int32_t* meta, uint32_t m) {
-    const size_t k = (where >> 32) * ls + lr;
-    *at[2 * k]++ = static_cast<int32_t>(where & 0xffffffffu);
-    int32_t* d = at[2 * k + 1];
-    d[0] = meta[0];
-    d[1] = meta[1];  // m >= 1; m == 1 (one expert per rank and row) is by far the common case
-    for (uint32_t w = 2; w <= m; ++w) d[w] = meta[w];
-    at[2 * k + 1] = d + 1 + m;
-  });
+  forEachRankRow(
+      local, plan, s->tokenRow, [at, ls](size_t lr, size_t where, const int32_t* meta, uint32_t m) {
+        const size_t k = (where >> 32) * ls + lr;
+        *at[2 * k]++ = static_cast<int32_t>(where & 0xffffffffu);
+        int32_t* d = at[2 * k + 1];
+        d[0] = meta[0];
+        d[1] = meta[1];  // m >= 1; m == 1 (one expert per rank and row) is by far the common case
+        for (uint32_t w = 2; w <= m; ++w) d[w] = meta[w];
+        at[2 * k + 1] = d + 1 + m;
+      });
   markRows(segs, a, b, tokens, false, &s->tokenRow);
 }
 
@@ -320,7 +324,8 @@ fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const Nod
     int64_t prev = -1;
     for (int64_t i = 0; i < c; ++i) {
       const int64_t row = base[w + i];
-      if (row <= prev || static_cast<uint64_t>(row) >= g.rows) return bad("rows out of order or range");
+      if (row <= prev || static_cast<uint64_t>(row) >= g.rows)
+        return bad("rows out of order or range");
       rows[i] = prev = row;
       ++count[row];
     }
@@ -333,7 +338,8 @@ fuscoResult_t readSegment(const MoeShape& shape, const NodeMap& nodes, const Nod
     const int32_t* meta = base + w;
     const size_t metaRowsSeen = metaRows(meta, static_cast<size_t>(words), nLocal);
     if (metaRowsSeen == SIZE_MAX) return bad("bad expert count");
-    if (metaRowsSeen != static_cast<size_t>(c)) return bad("metadata rows differ from the row count");
+    if (metaRowsSeen != static_cast<size_t>(c))
+      return bad("metadata rows differ from the row count");
     f->meta[lr].assign(meta, meta + words);
     w += static_cast<size_t>(words);
     terms += static_cast<size_t>(c);
@@ -421,7 +427,8 @@ fuscoResult_t planNodeReceive(const NodeMap& nodes, int rank, const std::vector<
                               const std::vector<std::vector<int32_t>>& blocksFrom,
                               std::vector<std::vector<int32_t>>* metaFrom,
                               std::vector<std::vector<NodeInSeg>>* inFrom) {
-  if (static_cast<int>(blocksFrom.size()) != nodes.nranks || static_cast<int>(metaFrom->size()) != nodes.nranks) {
+  if (static_cast<int>(blocksFrom.size()) != nodes.nranks ||
+      static_cast<int>(metaFrom->size()) != nodes.nranks) {
     return FUSCO_FAIL(fuscoInternalError, kPlan,
                       "fuscoMoePlan: blocks from %zu ranks and metadata for %zu, expected %d",
                       blocksFrom.size(), metaFrom->size(), nodes.nranks);

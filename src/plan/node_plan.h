@@ -61,7 +61,7 @@ struct NodeSendPlan {
     std::vector<size_t> tokenRow;
     std::vector<uint64_t> blockSize;  // per (segment, local rank) block: rows, then metadata words
     std::vector<int32_t*> blockAt;    // per block: where its next row, and next metadata word, go
-    std::vector<size_t> segStart;     // per segment being planned: its start in its forwarder's list
+    std::vector<size_t> segStart;  // per segment being planned: its start in its forwarder's list
   } scratch;
 };
 
@@ -85,9 +85,10 @@ uint64_t remoteNodeRows(const NodeMap& nodes, int rank,
 // each segment, for each local rank lr of its node in order, a block [c, c rows of the segment
 // (ascending, counted from the segment's first row) that lr needs, w, w words of lr's RANK
 // metadata for those rows]. Blocks are rank-major, so building and reading them runs long
-// regular loops rather than one short loop per row. out->nodeTokens must hold nodeTokensOf's lists for the routing rankPlan was
-// made from. Cost: O(numTokens + log segs.size()) plus the rows of this rank's segments and the
-// RANK rows of their nodes' ranks; out's vectors (fwdMeta, scratch) keep their storage.
+// regular loops rather than one short loop per row. out->nodeTokens must hold nodeTokensOf's lists
+// for the routing rankPlan was made from. Cost: O(numTokens + log segs.size()) plus the rows of
+// this rank's segments and the RANK rows of their nodes' ranks; out's vectors (fwdMeta, scratch)
+// keep their storage.
 void planNodeSend(const NodeMap& nodes, int rank, const MoeSendPlan& rankPlan,
                   const std::vector<NodeSegment>& segs, NodeSendPlan* out);
 

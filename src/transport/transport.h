@@ -86,11 +86,12 @@ struct TransportContext {
   const NodeMap* nodes = nullptr;
   const std::vector<PeerInfo>* peers = nullptr;  // [nranks]
   fuscoMemType_t memType = fuscoMemHost;
-  size_t chunkBytes = 0;   // slot payload capacity
-  int depth = 0;           // slots per direction per peer
+  size_t chunkBytes = 0;  // slot payload capacity
+  int depth = 0;          // slots per direction per peer
   int64_t timeoutMs = 0;
-  uint64_t commTag = 0;    // unique per communicator (from the unique id's secret)
-  std::string netDevices;  // inter-node devices (rails), comma separated; "": the transport's choice
+  uint64_t commTag = 0;  // unique per communicator (from the unique id's secret)
+  std::string
+      netDevices;  // inter-node devices (rails), comma separated; "": the transport's choice
 };
 
 // Completion flags of the CUDA path (one pair per peer): stream-ordered 32-bit counters in host

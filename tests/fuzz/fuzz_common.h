@@ -33,12 +33,12 @@ class Bytes {
 inline void quietLogs() { setenv("FUSCO_DEBUG", "NONE", 1); }
 
 // A property the code under test promised; a violation is a finding like a crash.
-#define FUZZ_CHECK(cond)                                                           \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
+#define FUZZ_CHECK(cond)                                                               \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
       fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                     \
-    }                                                                              \
+      abort();                                                                         \
+    }                                                                                  \
   } while (0)
 
 }  // namespace fusco::fuzz

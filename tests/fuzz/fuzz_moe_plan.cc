@@ -30,8 +30,8 @@ void checkRecvPlan(const fusco::MoeRecvPlan& p, int n) {
 }
 
 // Every rank's send plan, its metadata delivered, every rank's receive plan.
-void planEverywhere(const fusco::MoeShape& shape, const std::vector<int64_t>& idx,
-                    size_t numTokens, int topk, fusco::Dedup dedup) {
+void planEverywhere(const fusco::MoeShape& shape, const std::vector<int64_t>& idx, size_t numTokens,
+                    int topk, fusco::Dedup dedup) {
   const int n = shape.nranks;
   std::vector<fusco::MoeSendPlan> sends(n);
   for (int r = 0; r < n; ++r) {
@@ -73,8 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int& p : placement) p = static_cast<int8_t>(in.u8()) % (nranks + 2);
   }
   fusco::MoeShape shape;
-  fuscoResult_t r = fusco::buildMoeShape(nranks, numExperts, (flags & 1) ? placement.data() : nullptr,
-                                         align, &shape);
+  fuscoResult_t r = fusco::buildMoeShape(nranks, numExperts,
+                                         (flags & 1) ? placement.data() : nullptr, align, &shape);
   if (r != fuscoSuccess) return 0;
   FUZZ_CHECK(shape.nranks == nranks && shape.numExperts == numExperts);
   FUZZ_CHECK(static_cast<int>(shape.expertToRank.size()) == numExperts);

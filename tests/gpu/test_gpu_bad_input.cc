@@ -1,7 +1,7 @@
-// Bad input on CUDA comms (docs/TESTING.md, docs/API.md's collective error rule): a host pointer (malloc)
-// where a CUDA comm needs device memory gives fuscoInvalidArgument on the rank that passed it and
-// an error naming that rank on every other rank, promptly; the comm stays usable afterwards (a
-// correct call is bit-exact).
+// Bad input on CUDA comms (docs/TESTING.md, docs/API.md's collective error rule): a host pointer
+// (malloc) where a CUDA comm needs device memory gives fuscoInvalidArgument on the rank that passed
+// it and an error naming that rank on every other rank, promptly; the comm stays usable afterwards
+// (a correct call is bit-exact).
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -55,13 +55,13 @@ inline int faultStepIndex(int rounds, int s, int after) {
 }
 
 struct RankReport {
-  int nsteps;               // steps started
-  int result[kMaxSteps];    // fuscoResult_t, or kInProgress
-  double sec[kMaxSteps];    // how long the call took
-  int dataBad;              // an all-to-all that succeeded delivered wrong bytes
-  int destroyed;            // fuscoCommDestroy returned success (after the run)
+  int nsteps;             // steps started
+  int result[kMaxSteps];  // fuscoResult_t, or kInProgress
+  double sec[kMaxSteps];  // how long the call took
+  int dataBad;            // an all-to-all that succeeded delivered wrong bytes
+  int destroyed;          // fuscoCommDestroy returned success (after the run)
   double destroySec;
-  char msg[768];            // last error of the first failed step
+  char msg[768];  // last error of the first failed step
 };
 
 // Reports of n ranks in anonymous shared memory (inherited by the forked ranks).
@@ -89,9 +89,9 @@ class SharedReports {
 
 // "rank 2", "peer 2", "rank(s) 1,2": the message names rank r.
 inline bool namesRank(const std::string& msg, int r) {
-  std::regex re("(rank|peer)(\\(s\\))?\\s*[#=:]?\\s*([0-9]+\\s*,\\s*)*" + std::to_string(r) +
-                    "(?![0-9])",
-                std::regex::icase);
+  std::regex re(
+      "(rank|peer)(\\(s\\))?\\s*[#=:]?\\s*([0-9]+\\s*,\\s*)*" + std::to_string(r) + "(?![0-9])",
+      std::regex::icase);
   return std::regex_search(msg, re);
 }
 
@@ -150,7 +150,8 @@ inline fuscoResult_t allToAllChecked(fuscoComm_t comm, int rank, int n, int roun
   const size_t count = 64;
   std::vector<int32_t> send(n * count), recv(n * count, -1);
   for (int p = 0; p < n; ++p)
-    for (size_t i = 0; i < count; ++i) send[p * count + i] = (round * 1000 + rank * 100 + p) * 64 + i;
+    for (size_t i = 0; i < count; ++i)
+      send[p * count + i] = (round * 1000 + rank * 100 + p) * 64 + i;
   fuscoResult_t r = fuscoAllToAll(send.data(), recv.data(), count, fuscoInt32, comm, nullptr);
   if (r != fuscoSuccess) return r;
   for (int p = 0; p < n; ++p)

@@ -76,7 +76,8 @@ std::string classify(SharedReports& rep, const Chaos& c, std::string* why) {
     const RankReport& x = rep[r];
     for (int i = 0; i < x.nsteps; ++i) {
       const bool killedHere = c.kill && r == c.faulty && i == at;
-      if ((x.result[i] == kInProgress && !killedHere) || x.sec[i] > kLimitSec + (r == c.faulty && !c.kill ? 3.0 : 0.0)) {
+      if ((x.result[i] == kInProgress && !killedHere) ||
+          x.sec[i] > kLimitSec + (r == c.faulty && !c.kill ? 3.0 : 0.0)) {
         os << "rank " << r << " step " << i << " (" << stepName(stepSequence(kRounds)[i])
            << ") result " << x.result[i] << " after " << x.sec[i] << " s";
         return outcome(why, os.str(), "hang");
@@ -86,14 +87,17 @@ std::string classify(SharedReports& rep, const Chaos& c, std::string* why) {
   // Silent success: any step where one rank failed (or was killed) and another succeeded, or a
   // success at or after the fault step, or wrong data.
   for (int r = 0; r < kRanks; ++r) {
-    if (rep[r].dataBad) return outcome(why, "rank " + std::to_string(r) + " got wrong all-to-all data", "silent-success");
+    if (rep[r].dataBad)
+      return outcome(why, "rank " + std::to_string(r) + " got wrong all-to-all data",
+                     "silent-success");
     for (int i = 0; i < rep[r].nsteps; ++i) {
       if (rep[r].result[i] != fuscoSuccess) continue;
       for (int q = 0; q < kRanks; ++q) {
         const bool qFailed = rep[q].nsteps > i && rep[q].result[i] != fuscoSuccess;
         if (qFailed || (at >= 0 && i >= at)) {
-          os << "rank " << r << " succeeded at step " << i << " (" << stepName(stepSequence(kRounds)[i])
-             << ") but rank " << q << " " << (qFailed ? "failed it: " + std::string(rep[q].msg) : "faulted there");
+          os << "rank " << r << " succeeded at step " << i << " ("
+             << stepName(stepSequence(kRounds)[i]) << ") but rank " << q << " "
+             << (qFailed ? "failed it: " + std::string(rep[q].msg) : "faulted there");
           return outcome(why, os.str(), "silent-success");
         }
       }
@@ -101,7 +105,9 @@ std::string classify(SharedReports& rep, const Chaos& c, std::string* why) {
   }
   if (at < 0) {
     for (int r = 0; r < kRanks; ++r)
-      if (rep[r].nsteps != total) return outcome(why, "rank " + std::to_string(r) + " stopped early: " + rep[r].msg, "wrong-error");
+      if (rep[r].nsteps != total)
+        return outcome(why, "rank " + std::to_string(r) + " stopped early: " + rep[r].msg,
+                       "wrong-error");
     return "clean";
   }
   for (int r = 0; r < kRanks; ++r) {
@@ -139,13 +145,15 @@ TEST(Chaos, RandomKillsAndStallsNeverHangOrSucceedSilently) {
     opt.timeoutSec = 20;  // the harness kills a hung iteration (and reports it)
     opt.env = {{"FUSCO_FAULT", c.spec()}};
     opt.mayDie = {c.faulty};
-    runRanks(kRanks, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, kRounds, &rep[ctx.rank]); },
-             opt);
+    runRanks(
+        kRanks, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, kRounds, &rep[ctx.rank]); },
+        opt);
     std::string why;
     const std::string outcome = classify(rep, c, &why);
     ++counts[outcome];
     if (outcome != "clean" && outcome != "failed-cleanly")
-      ADD_FAILURE() << "iteration " << it << " FUSCO_FAULT=" << c.spec() << ": " << outcome << ": " << why;
+      ADD_FAILURE() << "iteration " << it << " FUSCO_FAULT=" << c.spec() << ": " << outcome << ": "
+                    << why;
     EXPECT_EQ(livingChildren(), 0) << "iteration " << it << " left rank processes behind";
   }
   std::cout << "[chaos] seed 0x" << std::hex << seed << std::dec << ", " << it << " iterations in "

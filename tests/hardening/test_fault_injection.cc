@@ -37,7 +37,8 @@ struct FaultCase {
 };
 
 std::string specOf(const FaultCase& c) {
-  std::string s = std::string(c.action) + ":" + stepName(c.step) + ":rank=" + std::to_string(c.rank);
+  std::string s =
+      std::string(c.action) + ":" + stepName(c.step) + ":rank=" + std::to_string(c.rank);
   // A stall outlives the survivors' timeout, then the rank goes on (and must fail too).
   if (std::string(c.action) == "stall") s += ":ms=" + std::to_string(kTimeoutMs + 1500);
   return s;
@@ -71,9 +72,10 @@ void checkFaultOutcome(SharedReports& rep, int n, int faulty, const std::string&
     const std::string msg = x.msg;
     EXPECT_NE(res, kInProgress) << "survivor did not return (hang)";
     EXPECT_NE(res, fuscoSuccess) << "silent success: survivor reported success for a call that "
-                                    "failed on rank " << faulty;
-    EXPECT_TRUE(isFaultError(res)) << "got " << fuscoGetErrorString(static_cast<fuscoResult_t>(res))
-                                   << ": " << msg;
+                                    "failed on rank "
+                                 << faulty;
+    EXPECT_TRUE(isFaultError(res))
+        << "got " << fuscoGetErrorString(static_cast<fuscoResult_t>(res)) << ": " << msg;
     EXPECT_LT(x.sec[at], kLimitSec) << "the failed call took " << x.sec[at] << " s: " << msg;
     EXPECT_TRUE(namesRank(msg, faulty)) << "message should name rank " << faulty << ": " << msg;
     EXPECT_NE(msg.find(stepToken(step)), std::string::npos)
@@ -103,14 +105,16 @@ void runFaultCase(const FaultCase& c) {
 
 class FaultInjection : public ::testing::TestWithParam<FaultCase> {};
 
-TEST_P(FaultInjection, EverySurvivorFailsPromptlyNamingTheRankAndPhase) { runFaultCase(GetParam()); }
+TEST_P(FaultInjection, EverySurvivorFailsPromptlyNamingTheRankAndPhase) {
+  runFaultCase(GetParam());
+}
 
 std::vector<FaultCase> allCases() {
   std::vector<FaultCase> v;
   for (const char* a : {"kill", "stall", "drop-connection", "corrupt-header"}) {
     for (int s : {kInit, kPlan, kDispatch, kCombine, kAllToAll}) {
       if (std::string(a) == "corrupt-header" && s == kInit) continue;  // no engine header there
-      v.push_back({a, s, (s + 1) % kRanks});  // vary the faulty rank
+      v.push_back({a, s, (s + 1) % kRanks});                           // vary the faulty rank
     }
   }
   v.push_back({"kill", kInit, 0});  // the bootstrap root itself
@@ -137,8 +141,9 @@ TEST(FaultInjectionAfter, KillAtThirdAllToAllLetsTheFirstTwoSucceed) {
   opt.timeoutSec = 30;
   opt.env = {{"FUSCO_FAULT", "kill:alltoall:rank=1:after=3"}};
   opt.mayDie = {1};
-  runRanks(3, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, kLoopRounds, &rep[ctx.rank]); },
-           opt);
+  runRanks(
+      3, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, kLoopRounds, &rep[ctx.rank]); },
+      opt);
   const int at = faultStepIndex(kLoopRounds, kAllToAll, 3);
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -159,7 +164,8 @@ TEST(FaultInjectionSpecs, SeveralSpecsTheFirstReachedFires) {
   opt.timeoutSec = 30;
   opt.env = {{"FUSCO_FAULT", "kill:dispatch:rank=1 ; drop-connection:plan:rank=2"}};
   opt.mayDie = {1, 2};
-  runRanks(3, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, 1, &rep[ctx.rank]); }, opt);
+  runRanks(
+      3, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, 1, &rep[ctx.rank]); }, opt);
   const int at = faultStepIndex(1, kPlan, 1);
   for (int r : {0, 1}) {
     ASSERT_EQ(rep[r].nsteps, at + 1) << "rank " << r << ": " << rep[r].msg;
@@ -175,8 +181,10 @@ TEST(FaultInjectionSpecs, MalformedSpecIsIgnoredAndEverythingSucceeds) {
   SharedReports rep(3);
   ASSERT_TRUE(rep.ok());
   MpOptions opt;
-  opt.env = {{"FUSCO_FAULT", "explode:dispatch:rank=1;kill:nowhere:rank=1;kill:plan;stall:plan:rank=x"}};
-  runRanks(3, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, 1, &rep[ctx.rank]); }, opt);
+  opt.env = {
+      {"FUSCO_FAULT", "explode:dispatch:rank=1;kill:nowhere:rank=1;kill:plan;stall:plan:rank=x"}};
+  runRanks(
+      3, [&](const RankCtx& ctx) { runWorkload(ctx, kTimeoutMs, 1, &rep[ctx.rank]); }, opt);
   const int steps = static_cast<int>(stepSequence(1).size());
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(rep[r].nsteps, steps) << "rank " << r << ": " << rep[r].msg;

@@ -38,8 +38,7 @@ bool shareNewIds(fuscoComm_t via, const RankCtx& ctx, int count, std::vector<fus
       fuscoResult_t r = fuscoGetUniqueId(&id);
       EXPECT_EQ(r, fuscoSuccess) << fuscoGetLastError(nullptr);
       if (r != fuscoSuccess) return false;
-      for (int p = 0; p < ctx.nranks; ++p)
-        memcpy(&send[p * B + i * sizeof(id)], &id, sizeof(id));
+      for (int p = 0; p < ctx.nranks; ++p) memcpy(&send[p * B + i * sizeof(id)], &id, sizeof(id));
     }
   }
   fuscoResult_t r = fuscoAllToAll(send.data(), recv.data(), B, fuscoInt8, via, nullptr);
@@ -55,7 +54,8 @@ bool allToAllChecked(fuscoComm_t comm, const RankCtx& ctx, uint64_t seed, size_t
                      const std::string& what) {
   const int n = ctx.nranks;
   std::vector<uint8_t> send(bytes * n), recv(bytes * n + 1);
-  for (int p = 0; p < n; ++p) fusco::test::fillPayload(&send[p * bytes], seed, ctx.rank, p, 0, bytes);
+  for (int p = 0; p < n; ++p)
+    fusco::test::fillPayload(&send[p * bytes], seed, ctx.rank, p, 0, bytes);
   fusco::test::poison(recv.data(), recv.size());
   fuscoResult_t r = fuscoAllToAll(send.data(), recv.data(), bytes, fuscoUint8, comm, nullptr);
   EXPECT_EQ(r, fuscoSuccess) << what << " fuscoAllToAll -> " << fuscoGetErrorString(r) << ": "
@@ -75,33 +75,37 @@ TEST(ManyComms, HundredCreateDestroyCyclesLeakNothing) {
   const uint64_t seed = fusco::test::testSeed();
   fusco::test::MpOptions opt;
   opt.timeoutSec = 400;
-  fusco::test::runRanks(4, [seed](const RankCtx& ctx) {
-    fuscoComm_t keeper = fusco::test::initComm(ctx);
-    constexpr int kWarmup = 5, kCycles = 100;
-    std::vector<fuscoUniqueId> ids;
-    ASSERT_TRUE(shareNewIds(keeper, ctx, kWarmup + kCycles, &ids));
-    Usage before;
-    for (int i = 0; i < kWarmup + kCycles && !::testing::Test::HasFailure(); ++i) {
-      if (i == kWarmup) before = fusco::test::measureResources();
-      fuscoComm_t c = nullptr;
-      fuscoResult_t r = fuscoCommInitRank(&c, ctx.nranks, ids[i], ctx.rank);
-      ASSERT_EQ(r, fuscoSuccess) << "cycle " << i << ": " << fuscoGetLastError(nullptr);
-      allToAllChecked(c, ctx, seed + i, 24 + i % 40, "cycle " + std::to_string(i));
-      FUSCO_EXPECT_OK(c, fuscoCommDestroy(c));
-    }
-    Usage after = fusco::test::measureResources();
-    if (ctx.rank == 0)
-      printf("[many-comms] rank 0 over %d cycles: RSS %ld -> %ld KiB, fds %d -> %d, fusco shm "
-             "mappings %d -> %d, /dev/shm fusco entries %zu -> %zu\n",
-             kCycles, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
-             after.shmMaps, before.shmNames, after.shmNames);
-    fflush(stdout);  // rank processes end with _exit
-    EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
-    EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
-    EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings were left behind";
-    EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
-    FUSCO_EXPECT_OK(keeper, fuscoCommDestroy(keeper));
-  }, opt);
+  fusco::test::runRanks(
+      4,
+      [seed](const RankCtx& ctx) {
+        fuscoComm_t keeper = fusco::test::initComm(ctx);
+        constexpr int kWarmup = 5, kCycles = 100;
+        std::vector<fuscoUniqueId> ids;
+        ASSERT_TRUE(shareNewIds(keeper, ctx, kWarmup + kCycles, &ids));
+        Usage before;
+        for (int i = 0; i < kWarmup + kCycles && !::testing::Test::HasFailure(); ++i) {
+          if (i == kWarmup) before = fusco::test::measureResources();
+          fuscoComm_t c = nullptr;
+          fuscoResult_t r = fuscoCommInitRank(&c, ctx.nranks, ids[i], ctx.rank);
+          ASSERT_EQ(r, fuscoSuccess) << "cycle " << i << ": " << fuscoGetLastError(nullptr);
+          allToAllChecked(c, ctx, seed + i, 24 + i % 40, "cycle " + std::to_string(i));
+          FUSCO_EXPECT_OK(c, fuscoCommDestroy(c));
+        }
+        Usage after = fusco::test::measureResources();
+        if (ctx.rank == 0)
+          printf(
+              "[many-comms] rank 0 over %d cycles: RSS %ld -> %ld KiB, fds %d -> %d, fusco shm "
+              "mappings %d -> %d, /dev/shm fusco entries %zu -> %zu\n",
+              kCycles, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
+              after.shmMaps, before.shmNames, after.shmNames);
+        fflush(stdout);  // rank processes end with _exit
+        EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
+        EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
+        EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings were left behind";
+        EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
+        FUSCO_EXPECT_OK(keeper, fuscoCommDestroy(keeper));
+      },
+      opt);
 }
 
 // Thread body: its own comm from `id`, then all-to-alls of changing sizes and MoE dispatches
@@ -127,8 +131,7 @@ void driveComm(const RankCtx& ctx, fuscoUniqueId id, uint64_t seed, int which) {
     auto x = fusco::test::makeRows(p, s, 48);
     auto d = fusco::test::moeRefDispatch(p, x, 48);
     const std::string what = tag + " round " + std::to_string(i);
-    fuscoMoeHandle_t h =
-        fusco::test::planChecked(comm, ctx, c, p, d, FUSCO_DEDUP_RANK, what);
+    fuscoMoeHandle_t h = fusco::test::planChecked(comm, ctx, c, p, d, FUSCO_DEDUP_RANK, what);
     if (h == nullptr) break;
     fusco::test::dispatchChecked(comm, h, ctx, p, d, x, 48, FUSCO_DEDUP_RANK, what);
     FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
@@ -140,17 +143,20 @@ TEST(ManyComms, TwoCommsOnTheSameRanksFromTwoThreadsAreCorrect) {
   const uint64_t seed = fusco::test::testSeed();
   fusco::test::MpOptions opt;
   opt.timeoutSec = 300;
-  fusco::test::runRanks(4, [seed](const RankCtx& ctx) {
-    fuscoComm_t setup = fusco::test::initComm(ctx);
-    std::vector<fuscoUniqueId> ids;
-    ASSERT_TRUE(shareNewIds(setup, ctx, 2, &ids));
-    // Both threads init and run at the same time; neither starts until the other exists.
-    std::thread a(driveComm, ctx, ids[0], seed, 0);
-    std::thread b(driveComm, ctx, ids[1], seed, 1);
-    a.join();
-    b.join();
-    FUSCO_EXPECT_OK(setup, fuscoCommDestroy(setup));
-  }, opt);
+  fusco::test::runRanks(
+      4,
+      [seed](const RankCtx& ctx) {
+        fuscoComm_t setup = fusco::test::initComm(ctx);
+        std::vector<fuscoUniqueId> ids;
+        ASSERT_TRUE(shareNewIds(setup, ctx, 2, &ids));
+        // Both threads init and run at the same time; neither starts until the other exists.
+        std::thread a(driveComm, ctx, ids[0], seed, 0);
+        std::thread b(driveComm, ctx, ids[1], seed, 1);
+        a.join();
+        b.join();
+        FUSCO_EXPECT_OK(setup, fuscoCommDestroy(setup));
+      },
+      opt);
 }
 
 }  // namespace

@@ -3,13 +3,13 @@
 // (harness/moe_reference.h), and the rank's resources measured after a warmup and at the end:
 // resident memory, open file descriptors, mapped fusco shared-memory segments (memfd) and
 // /dev/shm entries must not grow. FUSCO_SOAK_ITERS overrides the round count (default 10000).
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -95,31 +95,35 @@ TEST(Soak, TenThousandChangingMoeRoundsLeakNothingAndStayExact) {
   fusco::test::MpOptions opt;
   opt.timeoutSec = 580;
   const double t0 = fusco::test::nowSec();
-  fusco::test::runRanks(4, [&](const RankCtx& ctx) {
-    MoeCase c0;
-    c0.nranks = ctx.nranks;
-    fuscoConfig_t cfg = fusco::test::commConfig(c0);
-    fuscoComm_t comm = fusco::test::initComm(ctx, &cfg);
-    Resources before;
-    int done = 0;
-    for (int i = 0; i < iters && !::testing::Test::HasFailure(); ++i, ++done) {
-      if (i == warmup) before = measureResources();
-      soakRound(comm, ctx, seed, i);
-    }
-    EXPECT_EQ(done, iters) << "stopped at the first failing round";
-    Resources after = measureResources();
-    if (ctx.rank == 0)
-      printf("[soak] rank 0: %d rounds; RSS %ld -> %ld KiB, fds %d -> %d, fusco shm mappings "
-             "%d -> %d, /dev/shm fusco entries %zu -> %zu\n",
-             done, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
-             after.shmMaps, before.shmNames, after.shmNames);
-    fflush(stdout);  // rank processes end with _exit
-    EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
-    EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
-    EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings changed";
-    EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
-    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
-  }, opt);
+  fusco::test::runRanks(
+      4,
+      [&](const RankCtx& ctx) {
+        MoeCase c0;
+        c0.nranks = ctx.nranks;
+        fuscoConfig_t cfg = fusco::test::commConfig(c0);
+        fuscoComm_t comm = fusco::test::initComm(ctx, &cfg);
+        Resources before;
+        int done = 0;
+        for (int i = 0; i < iters && !::testing::Test::HasFailure(); ++i, ++done) {
+          if (i == warmup) before = measureResources();
+          soakRound(comm, ctx, seed, i);
+        }
+        EXPECT_EQ(done, iters) << "stopped at the first failing round";
+        Resources after = measureResources();
+        if (ctx.rank == 0)
+          printf(
+              "[soak] rank 0: %d rounds; RSS %ld -> %ld KiB, fds %d -> %d, fusco shm mappings "
+              "%d -> %d, /dev/shm fusco entries %zu -> %zu\n",
+              done, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
+              after.shmMaps, before.shmNames, after.shmNames);
+        fflush(stdout);  // rank processes end with _exit
+        EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
+        EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
+        EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings changed";
+        EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
+        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+      },
+      opt);
   printf("[soak] %d rounds on 4 ranks took %.1f s\n", iters, fusco::test::nowSec() - t0);
 }
 

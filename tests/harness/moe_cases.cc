@@ -188,7 +188,8 @@ MoeRefProblem makeProblem(const MoeCase& c, uint64_t seed) {
       const int numNodes = p.nodeOf.back() + 1;
       if (c.route == Route::HeavyRails && numNodes > 1) {
         int node = p.nodeOf[s];
-        if (s % L == 0 || rng() % 3 == 0) node = (node + 1 + static_cast<int>(rng() % (numNodes - 1))) % numNodes;
+        if (s % L == 0 || rng() % 3 == 0)
+          node = (node + 1 + static_cast<int>(rng() % (numNodes - 1))) % numNodes;
         for (int64_t e : candidates)
           if (p.nodeOf[p.rankOfExpert(static_cast<int>(e))] == node) onNode.push_back(e);
         from = &onNode;
@@ -312,7 +313,8 @@ std::vector<uint8_t> dispatchChecked(fuscoComm_t comm, fuscoMoeHandle_t h, const
   } else if (*std::max_element(p.nodeOf.begin(), p.nodeOf.end()) > 0) {
     // NODE dedup (AUTO across nodes): each token crosses the network once per remote node. A
     // relay may carry another rank's rows, so the sum over ranks is what is exact.
-    std::vector<int64_t> mine(p.nranks, static_cast<int64_t>(st.dispatchRowsInterNode)), all(p.nranks, -1);
+    std::vector<int64_t> mine(p.nranks, static_cast<int64_t>(st.dispatchRowsInterNode)),
+        all(p.nranks, -1);
     FUSCO_EXPECT_OK(comm, fuscoAllToAll(mine.data(), all.data(), 1, fuscoInt64, comm, nullptr));
     int64_t got = 0, want = 0;
     for (int r = 0; r < p.nranks; ++r) {
@@ -320,7 +322,8 @@ std::vector<uint8_t> dispatchChecked(fuscoComm_t comm, fuscoMoeHandle_t h, const
       want += static_cast<int64_t>(fusco::test::moeRefSendStats(p, r).nodeInter);
     }
     EXPECT_EQ(got, want) << what << " network rows over all ranks";
-    EXPECT_EQ(st.dispatchBytesInterNode, st.dispatchRowsInterNode * rowBytes) << what << " dispatchBytesInterNode";
+    EXPECT_EQ(st.dispatchBytesInterNode, st.dispatchRowsInterNode * rowBytes)
+        << what << " dispatchBytesInterNode";
   }
   return recvX;
 }

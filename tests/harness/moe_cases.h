@@ -44,7 +44,7 @@ struct MoeCase {
 };
 
 inline const std::vector<int> kAllModes = {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK, FUSCO_DEDUP_NODE,
-                                          FUSCO_DEDUP_AUTO};
+                                           FUSCO_DEDUP_AUTO};
 
 const char* dedupName(int d);
 

@@ -42,8 +42,8 @@ MoeRefDispatch moeRefDispatch(const MoeRefProblem& p, const std::vector<std::vec
 
 // Every rank's `out` (numTokens[s] * hidden elements of dt) from every rank's expertOut (the
 // dispatch layout, hidden elements of dt per row) and topkWeights (empty vector: weights 1),
-// following docs/API.md's fixed tree: per (token, rank) k ascending, then per node rank ascending, then
-// nodes ascending; each level sums in fp32 from +0 (multiply and add rounded separately) and
+// following docs/API.md's fixed tree: per (token, rank) k ascending, then per node rank ascending,
+// then nodes ascending; each level sums in fp32 from +0 (multiply and add rounded separately) and
 // rounds to dt. Tokens with no valid slot get zeros.
 std::vector<std::vector<uint8_t>> moeRefCombine(const MoeRefProblem& p, const MoeRefDispatch& d,
                                                 const std::vector<std::vector<uint8_t>>& expertOut,
@@ -54,7 +54,7 @@ std::vector<std::vector<uint8_t>> moeRefCombine(const MoeRefProblem& p, const Mo
 struct MoeRefSendStats {
   size_t rankIntra = 0, rankInter = 0;  // RANK dedup: one per (token, distinct remote rank)
   size_t noneIntra = 0, noneInter = 0;  // NONE: one per (token, expert) on a remote rank
-  size_t nodeInter = 0;                  // NODE: one per (token, distinct remote node)
+  size_t nodeInter = 0;                 // NODE: one per (token, distinct remote node)
 };
 MoeRefSendStats moeRefSendStats(const MoeRefProblem& p, int rank);
 

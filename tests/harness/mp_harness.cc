@@ -194,9 +194,8 @@ struct Child {
   signal(SIGPIPE, SIG_DFL);
   for (const auto& kv : opt.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
   fusco::paramsReload();
-  if (netns.active && std::none_of(opt.env.begin(), opt.env.end(), [](const auto& kv) {
-        return kv.first == "FUSCO_LOCAL_SIZE";
-      })) {
+  if (netns.active && std::none_of(opt.env.begin(), opt.env.end(),
+                                   [](const auto& kv) { return kv.first == "FUSCO_LOCAL_SIZE"; })) {
     // Nodes come from the namespaces: the library ignores an inherited FUSCO_LOCAL_SIZE (it stays
     // in the environment for layout-dependent expectations, checked against the namespaces).
     fusco::paramSetOverride("FUSCO_LOCAL_SIZE", "0");

@@ -1,7 +1,7 @@
 #include "harness/raw_enum.h"
 
-fuscoResult_t fuscoTestAllToAllRawType(const void* sendbuff, void* recvbuff, size_t count, int datatype,
-                                       fuscoComm_t comm) {
+fuscoResult_t fuscoTestAllToAllRawType(const void* sendbuff, void* recvbuff, size_t count,
+                                       int datatype, fuscoComm_t comm) {
   return fuscoAllToAll(sendbuff, recvbuff, count, (fuscoDataType_t)datatype, comm, NULL);
 }
 

@@ -8,8 +8,8 @@
 extern "C" {
 #endif
 
-fuscoResult_t fuscoTestAllToAllRawType(const void* sendbuff, void* recvbuff, size_t count, int datatype,
-                                       fuscoComm_t comm);
+fuscoResult_t fuscoTestAllToAllRawType(const void* sendbuff, void* recvbuff, size_t count,
+                                       int datatype, fuscoComm_t comm);
 fuscoResult_t fuscoTestCombineRawType(fuscoMoeHandle_t handle, const void* expertOut, int datatype,
                                       size_t hidden, void* out);
 fuscoResult_t fuscoTestDataTypeSizeRaw(int datatype, size_t* bytes);

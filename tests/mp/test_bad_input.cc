@@ -145,9 +145,8 @@ TEST(BadInput, InvalidDatatypeOnEveryRankIsInvalidArgument) {
     fuscoComm_t comm = initComm(ctx, &cfg);
     std::vector<uint8_t> send(3 * 64, 1), recv(3 * 64);
     for (int dt : {static_cast<int>(fuscoNumTypes), -1, 1000}) {
-      Timed t = timed([&] {
-        return fuscoTestAllToAllRawType(send.data(), recv.data(), 8, dt, comm);
-      });
+      Timed t =
+          timed([&] { return fuscoTestAllToAllRawType(send.data(), recv.data(), 8, dt, comm); });
       EXPECT_EQ(t.r, fuscoInvalidArgument) << "datatype " << dt << ": " << fuscoGetLastError(comm);
       EXPECT_LT(t.sec, kPromptSec);
     }

@@ -34,16 +34,20 @@ TEST(Completion, SenderThatStopsCallingAfterACallDoesNotStallItsReceivers) {
     fuscoComm_t comm = initComm(ctx, &cfg);
     const int n = ctx.nranks;
     std::vector<uint32_t> warm(n), warmOut(n);
-    FUSCO_ASSERT_OK(comm, fuscoAllToAll(warm.data(), warmOut.data(), 1, fuscoUint32, comm, nullptr));
+    FUSCO_ASSERT_OK(comm,
+                    fuscoAllToAll(warm.data(), warmOut.data(), 1, fuscoUint32, comm, nullptr));
     const size_t count = size_t{4} << 20;  // 16 MiB per peer: many slices, rendezvous-sized ones
     std::vector<uint32_t> send(n * count), recv(n * count, 0xdeadbeefu);
     for (int p = 0; p < n; ++p)
       for (size_t i = 0; i < count; ++i) send[p * count + i] = valueAt(ctx.rank, p, i);
     const bool sleeper = ctx.rank < n / 2;
     const double t0 = nowSec();
-    FUSCO_EXPECT_OK(comm, fuscoAllToAll(send.data(), recv.data(), count, fuscoUint32, comm, nullptr));
+    FUSCO_EXPECT_OK(comm,
+                    fuscoAllToAll(send.data(), recv.data(), count, fuscoUint32, comm, nullptr));
     const double took = nowSec() - t0;
-    if (!sleeper) EXPECT_LT(took, kTimeoutMs / 1000.0) << "the call waited on a sender that had already returned";
+    if (!sleeper)
+      EXPECT_LT(took, kTimeoutMs / 1000.0)
+          << "the call waited on a sender that had already returned";
     // The first half is blocked elsewhere (not stepping any transport) for twice the timeout
     // right after its call; the second half waits as long before the next call, so that call
     // does not time out on them.
@@ -54,7 +58,8 @@ TEST(Completion, SenderThatStopsCallingAfterACallDoesNotStallItsReceivers) {
       for (size_t i = 0; i < count; ++i) wrong += recv[p * count + i] != valueAt(p, ctx.rank, i);
     EXPECT_EQ(wrong, 0u);
     // The comm is still whole: one more call on every rank.
-    FUSCO_EXPECT_OK(comm, fuscoAllToAll(warm.data(), warmOut.data(), 1, fuscoUint32, comm, nullptr));
+    FUSCO_EXPECT_OK(comm,
+                    fuscoAllToAll(warm.data(), warmOut.data(), 1, fuscoUint32, comm, nullptr));
     EXPECT_EQ(fuscoCommDestroy(comm), fuscoSuccess);
   });
 }

@@ -42,20 +42,23 @@ TEST(MoeArena, DirectWritesWithSmallSlicesCutRowsAndStayExact) {
   const uint64_t seed = 0xa7e4a002;
   fusco::test::MpOptions opt;
   opt.env = {{"FUSCO_CHUNK_BYTES", "4096"}};
-  runRanks(3, [seed](const RankCtx& ctx) {
-    setMoeArenaBuffers(true);
-    MoeCase c;
-    c.nranks = ctx.nranks;
-    c.numExperts = 9;
-    c.placement = {2, 0, 1, 1, 2, 0, 0, 2, 1};
-    c.topk = 3;
-    c.numTokens = {20, 33, 7};
-    fuscoConfig_t cfg = commConfig(c);
-    fuscoComm_t comm = initComm(ctx, &cfg);
-    runDispatchCase(comm, ctx, c, seed, 5000, kAllModes);
-    combineAllModes(comm, ctx, makeCombine(c, seed, fuscoBfloat16, 3001));
-    fuscoCommDestroy(comm);
-  }, opt);
+  runRanks(
+      3,
+      [seed](const RankCtx& ctx) {
+        setMoeArenaBuffers(true);
+        MoeCase c;
+        c.nranks = ctx.nranks;
+        c.numExperts = 9;
+        c.placement = {2, 0, 1, 1, 2, 0, 0, 2, 1};
+        c.topk = 3;
+        c.numTokens = {20, 33, 7};
+        fuscoConfig_t cfg = commConfig(c);
+        fuscoComm_t comm = initComm(ctx, &cfg);
+        runDispatchCase(comm, ctx, c, seed, 5000, kAllModes);
+        combineAllModes(comm, ctx, makeCombine(c, seed, fuscoBfloat16, 3001));
+        fuscoCommDestroy(comm);
+      },
+      opt);
 }
 
 TEST(MoeArena, CombineIntoArenaLandingMatchesReferenceForEveryType) {

@@ -11,9 +11,9 @@
 
 #include "harness/data_gen.h"
 #include "harness/moe_cases.h"
-#include "harness/raw_enum.h"
 #include "harness/moe_reference.h"
 #include "harness/mp_harness.h"
+#include "harness/raw_enum.h"
 
 namespace {
 

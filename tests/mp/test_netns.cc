@@ -57,7 +57,8 @@ uint64_t txBytes(const std::string& dev) {
 TEST(Netns, RanksAreNodesAndCrossNodePeersUseUcx) {
   const char* spec = getenv("FUSCO_TEST_NETNS");
   if (spec == nullptr || *spec == '\0')
-    GTEST_SKIP() << "FUSCO_TEST_NETNS is not set (run through ctest -L netns / tests/netns/netns.sh)";
+    GTEST_SKIP()
+        << "FUSCO_TEST_NETNS is not set (run through ctest -L netns / tests/netns/netns.sh)";
   const std::vector<std::string> list = splitList(spec);
   const std::vector<std::string> rails = splitList(getenv("FUSCO_NET_DEVICES"));
   const int n = std::min(4, static_cast<int>(list.size()));  // 2 nodes x 2 ranks in [netns]
@@ -84,7 +85,8 @@ TEST(Netns, RanksAreNodesAndCrossNodePeersUseUcx) {
       [&](const RankCtx& ctx) {
         const int r = ctx.rank;
         // The process really runs in its namespace (not the test binary's).
-        struct stat mine {}, want {};
+        struct stat mine {
+        }, want{};
         ASSERT_EQ(stat("/proc/self/ns/net", &mine), 0);
         ASSERT_EQ(stat(("/var/run/netns/" + list[r]).c_str(), &want), 0);
         EXPECT_EQ(mine.st_ino, want.st_ino) << "rank " << r << " is not in namespace " << list[r];
@@ -113,11 +115,13 @@ TEST(Netns, RanksAreNodesAndCrossNodePeersUseUcx) {
         const size_t per = 1 << 20;  // bytes per peer
         std::vector<uint8_t> send(per * n), recv(per * n, 0xEE);
         for (int p = 0; p < n; ++p)
-          for (size_t i = 0; i < per; ++i) send[p * per + i] = static_cast<uint8_t>(r * 31 + p * 7 + i);
+          for (size_t i = 0; i < per; ++i)
+            send[p * per + i] = static_cast<uint8_t>(r * 31 + p * 7 + i);
         const std::string dev =
             rails.empty() ? "fr0" : rails[static_cast<size_t>(localRank[r]) % rails.size()];
         const uint64_t tx0 = txBytes(dev);
-        FUSCO_ASSERT_OK(comm, fuscoAllToAll(send.data(), recv.data(), per, fuscoUint8, comm, nullptr));
+        FUSCO_ASSERT_OK(comm,
+                        fuscoAllToAll(send.data(), recv.data(), per, fuscoUint8, comm, nullptr));
         // A second (tiny) alltoall as a barrier: once it completes every peer has received all
         // of this rank's first one, so those bytes have left the device.
         std::vector<uint8_t> s1(n, 1), r1(n, 0);
@@ -132,8 +136,8 @@ TEST(Netns, RanksAreNodesAndCrossNodePeersUseUcx) {
         int remote = 0;
         for (int p = 0; p < n; ++p) remote += node[p] != node[r];
         EXPECT_GE(tx1 - tx0, static_cast<uint64_t>(remote) * per)
-            << "rank " << r << " (local rank " << localRank[r] << ") sent less than its "
-            << remote << " x " << per << " inter-node bytes on " << dev;
+            << "rank " << r << " (local rank " << localRank[r] << ") sent less than its " << remote
+            << " x " << per << " inter-node bytes on " << dev;
         FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
       },
       opt);

@@ -71,7 +71,8 @@ TEST(EngineWire, HeaderWithMismatchedOffersOrTruncatedIsRefused) {
 
   h = sample();
   ASSERT_TRUE(encodeHeader(h, buf.data(), buf.size(), &len));
-  for (size_t cut = 0; cut < len; ++cut) EXPECT_FALSE(decodeHeader(buf.data(), cut, &back)) << "cut at " << cut;
+  for (size_t cut = 0; cut < len; ++cut)
+    EXPECT_FALSE(decodeHeader(buf.data(), cut, &back)) << "cut at " << cut;
   // A slot too small to hold the header: encoding says so instead of writing past it.
   EXPECT_FALSE(encodeHeader(h, buf.data(), len - 1, &len));
 }

@@ -203,7 +203,8 @@ TEST(NodePlan, MalformedForwardMetadataOrBlocksAreRemoteErrors) {
     auto badRow = metaFrom;
     badRow[s][1] = static_cast<int32_t>(w.segs[0].rows);  // one past the segment's last row
     EXPECT_EQ(planNodeForward(w.shape, w.nodes, f, w.segs, badRow, &fwd), fuscoRemoteError);
-    EXPECT_NE(threadLastError().find("out of order or range"), std::string::npos) << threadLastError();
+    EXPECT_NE(threadLastError().find("out of order or range"), std::string::npos)
+        << threadLastError();
   }
   // A segment whose row count (from counts other ranks reported) is far beyond the words sent:
   // refused as truncated before anything is sized by it.

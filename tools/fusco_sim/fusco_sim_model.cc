@@ -162,7 +162,8 @@ void accountCluster(const MoeShape& shape, const NodeMap& nodes, const RouteFn& 
       }
     }
     nodeTokensOf(nodes, rankPlan, &nsp.nodeTokens);  // the API's way: from the RANK plan
-    out->netCopies += remoteNodeRows(nodes, s, nsp.nodeTokens, rowsTo.data() + static_cast<size_t>(s) * nn);
+    out->netCopies +=
+        remoteNodeRows(nodes, s, nsp.nodeTokens, rowsTo.data() + static_cast<size_t>(s) * nn);
   }
   out->links[static_cast<int>(Strategy::DeepepLike)].hbm = nccl.hbm;  // separate permute passes
   planBalance(Balance::Static, nodes, rowsTo, false, &out->balance[1]);

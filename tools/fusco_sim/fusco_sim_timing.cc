@@ -30,7 +30,8 @@ struct ClusterInputs {
 };
 
 void must(fuscoResult_t r, const char* what) {
-  if (r != fuscoSuccess) throw std::runtime_error(std::string("fusco_sim timing: ") + what + " failed");
+  if (r != fuscoSuccess)
+    throw std::runtime_error(std::string("fusco_sim timing: ") + what + " failed");
 }
 
 // Every rank's counts first (they decide the routes), then, source by source, what it sends

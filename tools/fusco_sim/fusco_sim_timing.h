@@ -27,7 +27,7 @@ struct PlanTiming {
   double receive = 0;   // planNodeReceive + planRecv
   double paper = 0;     // the FUSCO paper's balancer (paperBalance), for comparison
   double total() const { return validate + send + balance + nodeSend + forward + receive; }
-  std::string balanceLine;  // describeBalance of the GREEDY plan
+  std::string balanceLine;   // describeBalance of the GREEDY plan
   size_t forwardedRows = 0;  // rows rank 0 forwards
   size_t receivedRows = 0;   // rows rank 0 receives (all sources)
 };

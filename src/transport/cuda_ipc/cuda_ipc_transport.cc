@@ -34,9 +34,9 @@ namespace {
 
 constexpr uint64_t kPageMagic = 0x6673636f69706331ULL;  // "fscoipc1"
 constexpr size_t kPage = 4096;
-constexpr size_t kFlagStride = 64;        // one cache line per flag
-constexpr uint32_t kMaxRegions = 16384;   // directory slots (never reused within a comm)
-constexpr int kTokenShift = 44;           // token = slot << 44 | offset
+constexpr size_t kFlagStride = 64;       // one cache line per flag
+constexpr uint32_t kMaxRegions = 16384;  // directory slots (never reused within a comm)
+constexpr int kTokenShift = 44;          // token = slot << 44 | offset
 constexpr uint64_t kOffsetMask = (1ull << kTokenShift) - 1;
 constexpr size_t kIpcUnit = 2 << 20;
 
@@ -74,7 +74,7 @@ struct Page {
 struct Region {
   uint32_t slot = 0;
   size_t bytes = 0;
-  bool owned = false;  // allocated here (fuscoMemAlloc / scratch): freed on memFree
+  bool owned = false;     // allocated here (fuscoMemAlloc / scratch): freed on memFree
   int registrations = 0;  // fuscoCommRegister calls not yet deregistered
 };
 
@@ -144,18 +144,22 @@ fuscoResult_t createPage(int rank, int nranks, Page* out) {
   return fuscoSuccess;
 }
 
-fuscoResult_t openPeerPage(int peer, int nranks, int32_t pid, int32_t fd, uint64_t bytes, Page* out) {
+fuscoResult_t openPeerPage(int peer, int nranks, int32_t pid, int32_t fd, uint64_t bytes,
+                           Page* out) {
   if (bytes != pageBytesFor(nranks))
-    return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: rank %d published a %llu-byte directory page", peer,
+    return FUSCO_FAIL(fuscoRemoteError, kIpc,
+                      "cuda_ipc: rank %d published a %llu-byte directory page", peer,
                       static_cast<unsigned long long>(bytes));
   Page p;
   FUSCO_CHECK(shmMapPeerFd(peer, pid, fd, bytes, &p.map));
   // Every offset used later (dir(), flags()) is read from the peer's page: check them all.
   const PageHeader* h = p.header();
   if (h->magic != kPageMagic || h->nranks != nranks || h->ownerRank != peer ||
-      h->flagsOffset != kPage || h->dirOffset != kPage + flagsBytesFor(nranks) || h->bytes != bytes) {
+      h->flagsOffset != kPage || h->dirOffset != kPage + flagsBytesFor(nranks) ||
+      h->bytes != bytes) {
     unmapPage(&p);
-    return FUSCO_FAIL(fuscoRemoteError, kIpc, "cuda_ipc: the directory page of rank %d is not for this communicator", peer);
+    return FUSCO_FAIL(fuscoRemoteError, kIpc,
+                      "cuda_ipc: the directory page of rank %d is not for this communicator", peer);
   }
   fuscoResult_t r = registerFlags(&p, nranks);
   if (r != fuscoSuccess) {
@@ -170,14 +174,16 @@ fuscoResult_t openPeerPage(int peer, int nranks, int32_t pid, int32_t fd, uint64
 // `registrations` fuscoCommRegister calls counted already.
 fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned, int registrations) {
   if (c->nextSlot >= kMaxRegions)
-    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: more than %u regions exported by one communicator", kMaxRegions);
+    return FUSCO_FAIL(fuscoSystemError, kIpc,
+                      "cuda_ipc: more than %u regions exported by one communicator", kMaxRegions);
   cudaIpcMemHandle_t h;
   FUSCO_CUDACHECK(cudaIpcGetMemHandle(&h, base), kIpc);
   const uint32_t slot = c->nextSlot;
   try {  // the caller still owns base on failure (ipcMemAlloc frees it)
     c->regions[reinterpret_cast<uintptr_t>(base)] = Region{slot, bytes, owned, registrations};
   } catch (const std::bad_alloc&) {
-    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: out of host memory exporting %zu bytes", bytes);
+    return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: out of host memory exporting %zu bytes",
+                      bytes);
   }
   ++c->nextSlot;
   DirEntry& e = c->own.dir()[slot];  // published last: peers never see a slot this rank lost
@@ -226,8 +232,8 @@ fuscoResult_t ipcSetupInto(IpcComm* c, const TransportContext& ctx, const std::v
   return fuscoSuccess;
 }
 
-fuscoResult_t ipcSetup(const TransportContext& ctx, const std::vector<int>& peers, TransportComm** tc,
-                       std::string* blob) {
+fuscoResult_t ipcSetup(const TransportContext& ctx, const std::vector<int>& peers,
+                       TransportComm** tc, std::string* blob) {
   *tc = nullptr;
   IpcComm* c = new (std::nothrow) IpcComm;
   if (c == nullptr) return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc setup: out of memory");
@@ -289,7 +295,8 @@ fuscoResult_t ipcSendAcquire(TransportComm* tc, int peer, void** buf, size_t* ca
 fuscoResult_t ipcSendPost(TransportComm* tc, int peer, uint32_t tag, size_t len) {
   return kShmTransport.sendPost(asIpc(tc)->shm, peer, tag, len);
 }
-fuscoResult_t ipcRecvPoll(TransportComm* tc, int peer, const void** buf, size_t* len, uint32_t* tag) {
+fuscoResult_t ipcRecvPoll(TransportComm* tc, int peer, const void** buf, size_t* len,
+                          uint32_t* tag) {
   return kShmTransport.recvPoll(asIpc(tc)->shm, peer, buf, len, tag);
 }
 fuscoResult_t ipcRecvRelease(TransportComm* tc, int peer) {
@@ -321,7 +328,8 @@ fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
   IpcComm* c = asIpc(tc);
   auto it = c->regions.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == c->regions.end() || !it->second.owned)
-    return FUSCO_FAIL(fuscoInvalidArgument, kIpc, "cuda_ipc: %p is not device memory of this communicator", ptr);
+    return FUSCO_FAIL(fuscoInvalidArgument, kIpc,
+                      "cuda_ipc: %p is not device memory of this communicator", ptr);
   unexport(c, it);
   FUSCO_CUDACHECK(cudaFree(ptr), kIpc);
   return fuscoSuccess;
@@ -344,7 +352,8 @@ fuscoResult_t ipcMemDeregister(TransportComm* tc, void* base) {
   IpcComm* c = asIpc(tc);
   auto it = c->regions.find(reinterpret_cast<uintptr_t>(base));
   if (it == c->regions.end() || it->second.registrations == 0)
-    return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc: %p is not a registered allocation", base);
+    return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc: %p is not a registered allocation",
+                      base);
   if (--it->second.registrations == 0 && !it->second.owned) unexport(c, it);
   return fuscoSuccess;
 }
@@ -370,13 +379,17 @@ void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) 
   const uint64_t off = token & kOffsetMask;
   if (slot >= kMaxRegions) return nullptr;
   const DirEntry& e = p.page.dir()[slot];
-  if (e.published.load(std::memory_order_acquire) == 0 || off > e.bytes || bytes > e.bytes - off) return nullptr;
+  if (e.published.load(std::memory_order_acquire) == 0 || off > e.bytes || bytes > e.bytes - off)
+    return nullptr;
   auto it = p.opened.find(slot);
   if (it == p.opened.end()) {
     // Regions the peer released may share memory with the new one: close them first (a CUDA
     // allocation can be open only once per process).
     for (auto o = p.opened.begin(); o != p.opened.end();) {
-      if (p.page.dir()[o->first].bytes != 0) { ++o; continue; }
+      if (p.page.dir()[o->first].bytes != 0) {
+        ++o;
+        continue;
+      }
       cudaIpcCloseMemHandle(o->second);
       o = p.opened.erase(o);
     }
@@ -384,7 +397,8 @@ void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) 
     cudaError_t err = cudaIpcOpenMemHandle(&m, e.handle, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer, cudaGetErrorString(err));
+      FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer,
+                 cudaGetErrorString(err));
       return nullptr;
     }
     try {
@@ -413,7 +427,9 @@ fuscoResult_t ipcDeviceFlags(TransportComm* tc, int peer, DeviceFlags* out) {
   return fuscoSuccess;
 }
 
-fuscoResult_t ipcCheckPeer(TransportComm* tc, int peer) { return kShmTransport.checkPeer(asIpc(tc)->shm, peer); }
+fuscoResult_t ipcCheckPeer(TransportComm* tc, int peer) {
+  return kShmTransport.checkPeer(asIpc(tc)->shm, peer);
+}
 void ipcMarkAborted(TransportComm* tc, const char* reason) {
   if (tc != nullptr) kShmTransport.markAborted(asIpc(tc)->shm, reason);
 }

@@ -108,13 +108,15 @@ fuscoResult_t shmMemfdMap(const char* name, size_t bytes, ShmMapping* out) {
   if (rc != 0) {
     int e = errno;
     closeRetry(fd);
-    return FUSCO_FAIL(fuscoSystemError, kShm, "sizing shared segment to %zu bytes failed: %s", bytes, strerror(e));
+    return FUSCO_FAIL(fuscoSystemError, kShm, "sizing shared segment to %zu bytes failed: %s",
+                      bytes, strerror(e));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int e = errno;
     closeRetry(fd);
-    return FUSCO_FAIL(fuscoSystemError, kShm, "mmap of own %zu-byte shared segment failed: %s", bytes, strerror(e));
+    return FUSCO_FAIL(fuscoSystemError, kShm, "mmap of own %zu-byte shared segment failed: %s",
+                      bytes, strerror(e));
   }
   out->fd = fd;
   out->base = static_cast<uint8_t*>(p);

@@ -122,8 +122,8 @@ void pumpCredit(UcxComm* c, UcxPeer& p) {
   p.creditHdr = CreditHeader{c->commTag, p.consumed, c->rank, 0};
   p.creditDirty = false;
   ucp_request_param_t prm{};
-  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kAmCredit, &p.creditHdr, sizeof(p.creditHdr), nullptr,
-                                       0, &prm);
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(p.ep, kAmCredit, &p.creditHdr, sizeof(p.creditHdr), nullptr, 0, &prm);
   if (UCS_PTR_IS_ERR(r)) return markFailed(c, peer, UCS_PTR_STATUS(r));
   p.creditReq = r;
 }

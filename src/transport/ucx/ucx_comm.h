@@ -47,7 +47,7 @@ struct UcxComm;
 
 struct UcxRail {
   UcxComm* comm = nullptr;  // the active-message handlers' argument is the rail
-  std::string device;  // "" : UCX's own choice (UCX_NET_DEVICES or all)
+  std::string device;       // "" : UCX's own choice (UCX_NET_DEVICES or all)
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::string address;  // this worker's address, published in the blob

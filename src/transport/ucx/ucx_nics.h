@@ -62,7 +62,8 @@ AutoRails pickAutoRails(int localRank, int localSize, int railsPerRank = 1);
 
 // "a,b,c"; "auto" for an empty list or an empty name (UCX's own choice).
 std::string joinDevices(const std::vector<std::string>& devices);
-// Splits a comma list (UCX_NET_DEVICES, FUSCO_NET_DEVICES, UCX_TLS) into trimmed, non-empty entries.
+// Splits a comma list (UCX_NET_DEVICES, FUSCO_NET_DEVICES, UCX_TLS) into trimmed, non-empty
+// entries.
 std::vector<std::string> parseDevices(const std::string& list);
 
 }  // namespace fusco::ucx

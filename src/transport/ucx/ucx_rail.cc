@@ -158,8 +158,9 @@ fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr
   ucs_status_t st = ucp_ep_create(c->rails[p.rail].worker, &ep, &p.ep);
   if (st != UCS_OK) {
     p.ep = nullptr;
-    return FUSCO_FAIL(fuscoSystemError, kUcx, "ucx: rank %d cannot create an endpoint to rank %d: %s",
-                      c->rank, peer, ucs_status_string(st));
+    return FUSCO_FAIL(fuscoSystemError, kUcx,
+                      "ucx: rank %d cannot create an endpoint to rank %d: %s", c->rank, peer,
+                      ucs_status_string(st));
   }
   return fuscoSuccess;
 }

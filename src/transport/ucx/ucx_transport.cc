@@ -22,9 +22,9 @@ namespace fusco {
 
 namespace {
 
+using ucx::asUcx;
 using ucx::UcxComm;
 using ucx::UcxPeer;
-using ucx::asUcx;
 
 constexpr size_t kDefaultChunkBytes = 512 * 1024;
 constexpr int kDefaultDepth = 4;
@@ -33,7 +33,8 @@ constexpr size_t kMaxReasonBytes = 512;
 
 UcxPeer* connectedPeer(UcxComm* c, int peer, const char* what, fuscoResult_t* r) {
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) {
-    *r = FUSCO_FAIL(fuscoInternalError, kUcx, "ucx %s: rank %d is not connected by ucx", what, peer);
+    *r =
+        FUSCO_FAIL(fuscoInternalError, kUcx, "ucx %s: rank %d is not connected by ucx", what, peer);
     return nullptr;
   }
   return &c->peers[peer];
@@ -95,7 +96,8 @@ fuscoResult_t ucxSetupInto(UcxComm* c, const TransportContext& ctx, const std::v
     if (devices.empty()) devices.push_back("");  // one rail, UCX picks (UCX_NET_DEVICES honoured)
   }
   c->rails.resize(devices.size());
-  for (size_t i = 0; i < devices.size(); ++i) FUSCO_CHECK(ucx::openRail(c, devices[i], &c->rails[i]));
+  for (size_t i = 0; i < devices.size(); ++i)
+    FUSCO_CHECK(ucx::openRail(c, devices[i], &c->rails[i]));
   *blob = ucx::encodeBlob(c);
   FUSCO_INFO(kUcx,
              "ucx: rank %d opened %zu rail(s) (%s) for %zu peers: %d x %zu-byte slots each way",
@@ -199,8 +201,9 @@ fuscoResult_t ucxSendPost(TransportComm* tc, int peer, uint32_t tag, size_t len)
   p->acquired = false;
   ++p->posted;
   ucp_request_param_t prm{};
-  ucs_status_ptr_t q = ucp_am_send_nbx(p->ep, ucx::kAmData, &p->sendHdr[slot], sizeof(ucx::DataHeader),
-                                       p->sendSlots.data() + slot * c->chunkBytes, len, &prm);
+  ucs_status_ptr_t q =
+      ucp_am_send_nbx(p->ep, ucx::kAmData, &p->sendHdr[slot], sizeof(ucx::DataHeader),
+                      p->sendSlots.data() + slot * c->chunkBytes, len, &prm);
   if (UCS_PTR_IS_ERR(q)) {
     ucx::markFailed(c, peer, UCS_PTR_STATUS(q));
     return ucx::peerError(c, peer);
@@ -225,7 +228,8 @@ fuscoResult_t ucxRecvPoll(TransportComm* tc, int peer, const void** buf, size_t*
     if (!ucx::requestDone(s.req, &st)) return fuscoSuccess;
     s.req = nullptr;
     if (st != UCS_OK) {
-      s.state = ucx::RecvSlot::kEmpty;  // the peer is failed from now on; never poll a freed request
+      s.state =
+          ucx::RecvSlot::kEmpty;  // the peer is failed from now on; never poll a freed request
       ucx::markFailed(c, peer, st);
       return fuscoSuccess;
     }
@@ -336,25 +340,25 @@ void ucxClose(TransportComm* tc) {
 
 extern const TransportOps kUcxTransport;
 const TransportOps kUcxTransport = {
-    "ucx",           // name
-    ucxScore,        // score
-    ucxSetup,        // setup
-    ucxConnect,      // connect
-    ucxSendAcquire,  // sendAcquire
-    ucxSendPost,     // sendPost
-    ucxRecvPoll,     // recvPoll
-    ucxRecvRelease,  // recvRelease
-    nullptr,         // memAlloc
-    nullptr,         // memFree
-    nullptr,         // regionToken
-    nullptr,         // peerPointer
-    nullptr,         // memRegister
-    nullptr,         // memDeregister
-    nullptr,         // deviceFlags
-    ucxCheckPeer,    // checkPeer
-    ucxMarkAborted,  // markAborted
-    ucxClose,        // close
-    ucxProgress,     // progress
+    "ucx",             // name
+    ucxScore,          // score
+    ucxSetup,          // setup
+    ucxConnect,        // connect
+    ucxSendAcquire,    // sendAcquire
+    ucxSendPost,       // sendPost
+    ucxRecvPoll,       // recvPoll
+    ucxRecvRelease,    // recvRelease
+    nullptr,           // memAlloc
+    nullptr,           // memFree
+    nullptr,           // regionToken
+    nullptr,           // peerPointer
+    nullptr,           // memRegister
+    nullptr,           // memDeregister
+    nullptr,           // deviceFlags
+    ucxCheckPeer,      // checkPeer
+    ucxMarkAborted,    // markAborted
+    ucxClose,          // close
+    ucxProgress,       // progress
     ucxSendsInFlight,  // sendsInFlight
 };
 
