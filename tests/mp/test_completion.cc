@@ -45,9 +45,10 @@ TEST(Completion, SenderThatStopsCallingAfterACallDoesNotStallItsReceivers) {
     FUSCO_EXPECT_OK(comm,
                     fuscoAllToAll(send.data(), recv.data(), count, fuscoUint32, comm, nullptr));
     const double took = nowSec() - t0;
-    if (!sleeper)
+    if (!sleeper) {
       EXPECT_LT(took, kTimeoutMs / 1000.0)
           << "the call waited on a sender that had already returned";
+    }
     // The first half is blocked elsewhere (not stepping any transport) for twice the timeout
     // right after its call; the second half waits as long before the next call, so that call
     // does not time out on them.
