@@ -1,0 +1,223 @@
+// NCCL's data-moving entry points. fusco serves ncclAlltoAll and ncclSend/ncclRecv; in
+// standalone mode every other collective is ncclInvalidUsage with a message saying how to
+// interpose a real NCCL instead; in interposer mode they go to the real NCCL, queued in order
+// when called inside a group.
+#include "shim.h"
+
+using namespace fnccl;
+
+namespace {
+
+ncclResult_t unserved(ncclComm_t comm, const char* call) {
+  Comm* c = nullptr;
+  ncclResult_t r = checkComm(comm, call, &c);
+  if (r != ncclSuccess) return r;
+  return fail(c, ncclInvalidUsage,
+              "%s is not served by fusco: standalone libfusco_nccl serves ncclAlltoAll and "
+              "ncclSend/ncclRecv only. To run it, interpose a real NCCL: set "
+              "FUSCO_NCCL_LIBRARY=/path/to/the/real/libnccl.so.2 (or LD_PRELOAD=libfusco_nccl.so "
+              "in a program linked to NCCL)",
+              call);
+}
+
+// Interposer: a call inside a group waits, in order, for the group's end; outside one it runs.
+ncclResult_t forwardOrQueue(ncclComm_t comm, std::function<ncclResult_t()> call) {
+  GroupState& g = group();
+  if (g.depth == 0) {
+    RealScope scope;
+    return call();
+  }
+  GroupOp op{GroupOp::Other, comm, -1, nullptr, nullptr, 0, ncclInt8, nullptr, std::move(call)};
+  g.ops.push_back(std::move(op));
+  return ncclSuccess;
+}
+
+ncclResult_t runAllToAll(Comm* c, const void* s, void* r, size_t count, ncclDataType_t t,
+                         cudaStream_t stream) {
+  logServed(c);
+  return fromFusco(c, fuscoAllToAll(s, r, count, toFusco(t), c->fc, stream), "ncclAlltoAll");
+}
+
+// Standalone send/recv: straight into fusco's group (or run alone outside one). The group
+// remembers each call's communicator so a failure at the end is recorded on it.
+ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                 cudaStream_t stream) {
+  const char* call = send ? "ncclSend" : "ncclRecv";
+  Comm* c = nullptr;
+  ncclResult_t r = checkComm(comm, call, &c);
+  if (r != ncclSuccess) return r;
+  logServed(c);
+  fuscoResult_t fr = send ? fuscoSend(buf, count, toFusco(t), peer, c->fc, stream)
+                          : fuscoRecv(buf, count, toFusco(t), peer, c->fc, stream);
+  r = fromFusco(c, fr, call);
+  GroupState& g = group();
+  if (g.depth > 0) {
+    g.ops.push_back(GroupOp{send ? GroupOp::Send : GroupOp::Recv, comm, peer, buf, buf, count, t,
+                            stream, nullptr});
+    if (r != ncclSuccess && g.sticky == ncclSuccess) g.sticky = r;
+  }
+  return r;
+}
+
+ncclResult_t interposeP2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer,
+                          ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl& real = global().real;
+  std::function<ncclResult_t()> call =
+      send ? std::function<ncclResult_t()>([=, &real] {
+        return callReal(real.Send, "ncclSend", static_cast<const void*>(buf), count, t, peer, comm,
+                        stream);
+      })
+           : std::function<ncclResult_t()>([=, &real] {
+               return callReal(real.Recv, "ncclRecv", buf, count, t, peer, comm, stream);
+             });
+  GroupState& g = group();
+  if (g.depth == 0) return call();
+  g.ops.push_back(GroupOp{send ? GroupOp::Send : GroupOp::Recv, comm, peer, buf, buf, count, t,
+                          stream, std::move(call)});
+  return ncclSuccess;
+}
+
+// Standalone: the collectives called inside a group, run once fusco's group has ended.
+ncclResult_t standaloneGroupEnd(GroupState& g) {
+  ncclResult_t r = fromFusco(nullptr, fuscoGroupEnd(), "ncclGroupEnd");
+  if (r != ncclSuccess) {
+    std::string msg = threadLastError();
+    for (GroupOp& op : g.ops) {
+      Comm* c = reinterpret_cast<Comm*>(op.comm);
+      if (op.kind != GroupOp::AllToAll) fail(c, r, "%s", msg.c_str());
+      if (r == ncclRemoteError) c->asyncError = ncclRemoteError;
+    }
+  }
+  if (g.depth > 0) return r;
+  std::vector<GroupOp> ops;
+  ops.swap(g.ops);
+  ncclResult_t first = g.sticky != ncclSuccess ? g.sticky : r;
+  g.sticky = ncclSuccess;
+  for (GroupOp& op : ops) {
+    if (op.kind != GroupOp::AllToAll) continue;
+    ncclResult_t ar = runAllToAll(reinterpret_cast<Comm*>(op.comm), op.sbuf, op.rbuf, op.count,
+                                  op.type, op.stream);
+    if (first == ncclSuccess) first = ar;
+  }
+  return first;
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  FNCCL_PASSTHROUGH(AlltoAll, sendbuff, recvbuff, count, datatype, comm, stream);
+  if (global().mode == Mode::Interposer)
+    return interposeAllToAll(sendbuff, recvbuff, count, datatype, comm, stream);
+  Comm* c = nullptr;
+  ncclResult_t r = checkComm(comm, "ncclAlltoAll", &c);
+  if (r != ncclSuccess) return r;
+  GroupState& g = group();
+  if (g.depth == 0) return runAllToAll(c, sendbuff, recvbuff, count, datatype, stream);
+  g.ops.push_back(
+      GroupOp{GroupOp::AllToAll, comm, -1, sendbuff, recvbuff, count, datatype, stream, nullptr});
+  return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  FNCCL_PASSTHROUGH(Send, sendbuff, count, datatype, peer, comm, stream);
+  void* buf = const_cast<void*>(sendbuff);
+  if (global().mode == Mode::Interposer)
+    return interposeP2p(true, buf, count, datatype, peer, comm, stream);
+  return p2p(true, buf, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  FNCCL_PASSTHROUGH(Recv, recvbuff, count, datatype, peer, comm, stream);
+  if (global().mode == Mode::Interposer)
+    return interposeP2p(false, recvbuff, count, datatype, peer, comm, stream);
+  return p2p(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclGroupStart() {
+  FNCCL_PASSTHROUGH(GroupStart);
+  GroupState& g = group();
+  g.depth++;
+  if (global().mode == Mode::Standalone) fuscoGroupStart();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  FNCCL_PASSTHROUGH(GroupEnd);
+  GroupState& g = group();
+  if (g.depth == 0)
+    return fail(nullptr, ncclInvalidUsage, "ncclGroupEnd without a matching ncclGroupStart");
+  g.depth--;
+  if (global().mode == Mode::Standalone) return standaloneGroupEnd(g);
+  if (g.depth > 0) return ncclSuccess;
+  return interposeGroupEnd(g);
+}
+
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  FNCCL_FORWARD(GroupSimulateEnd, simInfo);
+  return fail(nullptr, ncclInvalidUsage,
+              "ncclGroupSimulateEnd is not served by fusco: interpose a real NCCL "
+              "(FUSCO_NCCL_LIBRARY)");
+}
+
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+  FNCCL_FORWARD(RedOpCreatePreMulSum, op, scalar, datatype, residence, comm);
+  return unserved(comm, "ncclRedOpCreatePreMulSum");
+}
+
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  FNCCL_FORWARD(RedOpDestroy, op, comm);
+  return unserved(comm, "ncclRedOpDestroy");
+}
+
+// The collectives fusco does not serve: the real NCCL's in interposer mode, else refused.
+#define FNCCL_UNSERVED(name, params, args)                                                       \
+  ncclResult_t nccl##name params {                                                               \
+    FNCCL_PASSTHROUGH(name, FNCCL_UNPAREN args);                                                 \
+    const Global& g = global();                                                                  \
+    if (g.mode == Mode::Interposer)                                                              \
+      return forwardOrQueue(                                                                     \
+          comm, [=, &g] { return g.real.name ? g.real.name args : missingReal("nccl" #name); }); \
+    return unserved(comm, "nccl" #name);                                                         \
+  }
+#define FNCCL_UNPAREN(...) __VA_ARGS__
+
+FNCCL_UNSERVED(Reduce,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, count, datatype, op, root, comm, stream))
+FNCCL_UNSERVED(Bcast,
+               (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                cudaStream_t stream),
+               (buff, count, datatype, root, comm, stream))
+FNCCL_UNSERVED(Broadcast,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, count, datatype, root, comm, stream))
+FNCCL_UNSERVED(AllReduce,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, count, datatype, op, comm, stream))
+FNCCL_UNSERVED(ReduceScatter,
+               (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, recvcount, datatype, op, comm, stream))
+FNCCL_UNSERVED(AllGather,
+               (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, sendcount, datatype, comm, stream))
+FNCCL_UNSERVED(Gather,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, count, datatype, root, comm, stream))
+FNCCL_UNSERVED(Scatter,
+               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                int root, ncclComm_t comm, cudaStream_t stream),
+               (sendbuff, recvbuff, count, datatype, root, comm, stream))
+
+}  // extern "C"

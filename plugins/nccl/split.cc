@@ -1,0 +1,113 @@
+// Standalone communicators: init over a unique id, and ncclCommSplit over the parent fusco
+// communicator. A split is two all-to-alls on the parent: every rank's (color, key), then each
+// new root's fresh unique id to the members of its color; then each color inits its own fusco
+// communicator (new rank = position by key, ties by parent rank, as NCCL orders them).
+#include <string.h>
+
+#include <algorithm>
+
+#include "shim.h"
+
+namespace fnccl {
+namespace {
+
+// One all-to-all of `bytes` per peer on a communicator of either memory space, from and to host
+// memory (a device communicator's buffers are staged through device memory).
+fuscoResult_t hostAllToAll(Comm* c, const void* send, void* recv, size_t bytes) {
+  if (c->memType == fuscoMemHost)
+    return fuscoAllToAll(send, recv, bytes, fuscoUint8, c->fc, nullptr);
+  const CudaRt* rt = cudaRt();
+  if (rt == nullptr) return fuscoSystemError;
+  const size_t total = bytes * c->nranks;
+  void* d = nullptr;
+  if (rt->malloc(&d, 2 * total) != 0) return fuscoUnhandledCudaError;
+  char* ds = static_cast<char*>(d);
+  fuscoResult_t r = fuscoUnhandledCudaError;
+  if (rt->memcpy(ds, send, total, 1 /* host to device */) == 0) {
+    r = fuscoAllToAll(ds, ds + total, bytes, fuscoUint8, c->fc, nullptr);
+    if (r == fuscoSuccess && (rt->streamSynchronize(nullptr) != 0 ||
+                              rt->memcpy(recv, ds + total, total, 2 /* device to host */) != 0))
+      r = fuscoUnhandledCudaError;
+  }
+  rt->free(d);
+  return r;
+}
+
+ncclResult_t makeComm(ncclComm_t* out, int nranks, const fuscoUniqueId& id, int rank,
+                      fuscoMemType_t mem, const char* call) {
+  int device = mem == fuscoMemCuda ? currentDevice() : -1;
+  fuscoConfig_t cfg = fuscoConfigFor(mem, device);
+  fuscoComm_t fc = nullptr;
+  ncclResult_t r = fromFusco(nullptr, fuscoCommInitRankConfig(&fc, nranks, id, rank, &cfg), call);
+  if (r != ncclSuccess) return r;
+  Comm* c = new Comm();
+  c->fc = fc;
+  c->memType = mem;
+  c->cudaDevice = device;
+  fuscoCommUserRank(fc, &c->rank);
+  fuscoCommCount(fc, &c->nranks);
+  logServed(c);
+  *out = reinterpret_cast<ncclComm_t>(c);
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t standaloneInit(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank,
+                            const ncclConfig_t* config, const char* call) {
+  if (comm == nullptr) return fail(nullptr, ncclInvalidArgument, "%s: comm is NULL", call);
+  if (group().depth > 0)
+    return fail(nullptr, ncclInvalidUsage,
+                "%s inside ncclGroupStart/ncclGroupEnd is not served by fusco (one process per "
+                "rank): call it outside the group",
+                call);
+  fuscoUniqueId fid;
+  memcpy(&fid, &id, sizeof(fid));
+  return makeComm(comm, nranks, fid, rank, commMemType(), call);
+}
+
+ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newcomm) {
+  const int n = parent->nranks;
+  if (newcomm == nullptr)
+    return fail(parent, ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return fail(parent, ncclInvalidArgument, "ncclCommSplit: color %d is negative", color);
+  std::vector<int32_t> mine(2 * static_cast<size_t>(n)), all(2 * static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) mine[2 * p] = color, mine[2 * p + 1] = key;
+  ncclResult_t r = fromFusco(parent, hostAllToAll(parent, mine.data(), all.data(), 8),
+                             "ncclCommSplit (exchanging colors)");
+  if (r != ncclSuccess) return r;
+  // Members of each rank's color, ordered by key then parent rank; the first is the new root.
+  auto membersOf = [&](int col) {
+    std::vector<int> m;
+    for (int p = 0; p < n; ++p)
+      if (all[2 * p] == col) m.push_back(p);
+    std::stable_sort(m.begin(), m.end(),
+                     [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+    return m;
+  };
+  std::vector<int> members = color == NCCL_SPLIT_NOCOLOR ? std::vector<int>() : membersOf(color);
+  const bool root = !members.empty() && members[0] == parent->rank;
+  std::vector<fuscoUniqueId> ids(n), got(n);
+  if (root) {
+    fuscoUniqueId id;
+    r = fromFusco(parent, fuscoGetUniqueId(&id), "ncclCommSplit (making the new id)");
+    // A failure here still joins the exchange below, with an id that init will refuse.
+    if (r != ncclSuccess) memset(&id, 0, sizeof(id));
+    for (int m : members) ids[m] = id;
+  }
+  ncclResult_t xr =
+      fromFusco(parent, hostAllToAll(parent, ids.data(), got.data(), sizeof(fuscoUniqueId)),
+                "ncclCommSplit (sending the new id)");
+  if (r != ncclSuccess || xr != ncclSuccess) return r != ncclSuccess ? r : xr;
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    *newcomm = nullptr;
+    return ncclSuccess;
+  }
+  const int newRank =
+      static_cast<int>(std::find(members.begin(), members.end(), parent->rank) - members.begin());
+  return makeComm(newcomm, static_cast<int>(members.size()), got[members[0]], newRank,
+                  parent->memType, "ncclCommSplit");
+}
+
+}  // namespace fnccl
