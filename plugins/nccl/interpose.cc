@@ -13,6 +13,28 @@
 namespace fnccl {
 namespace {
 
+// Rank 0's id to every rank with the real ncclBroadcast: through device memory, or (host mode,
+// for an NCCL that takes host memory) straight from the id.
+ncclResult_t broadcastId(Comm* c, ncclComm_t comm, cudaStream_t stream, fuscoUniqueId* id) {
+  const RealNccl& real = global().real;
+  if (commMemType() == fuscoMemHost)
+    return callReal(real.Broadcast, "ncclBroadcast", static_cast<const void*>(id),
+                    static_cast<void*>(id), sizeof(*id), ncclUint8, 0, comm, stream);
+  const CudaRt* rt = cudaRt();
+  if (rt == nullptr) return fail(c, ncclSystemError, "libfusco_nccl: no CUDA runtime");
+  void* d = nullptr;
+  if (rt->malloc(&d, sizeof(*id)) != 0) return ncclUnhandledCudaError;
+  ncclResult_t r = rt->memcpy(d, id, sizeof(*id), 1) == 0 ? ncclSuccess : ncclUnhandledCudaError;
+  if (r == ncclSuccess)
+    r = callReal(real.Broadcast, "ncclBroadcast", static_cast<const void*>(d), d, sizeof(*id),
+                 ncclUint8, 0, comm, stream);
+  if (r == ncclSuccess &&
+      (rt->streamSynchronize(stream) != 0 || rt->memcpy(id, d, sizeof(*id), 2) != 0))
+    r = ncclUnhandledCudaError;
+  rt->free(d);
+  return r;
+}
+
 // The fusco communicator of a real one, made on first use: rank 0's id goes out with a real
 // ncclBroadcast on the caller's stream (device memory, so through the CUDA runtime).
 ncclResult_t ensureFusco(ncclComm_t comm, cudaStream_t stream, Comm** out) {
@@ -28,20 +50,7 @@ ncclResult_t ensureFusco(ncclComm_t comm, cudaStream_t stream, Comm** out) {
   memset(&id, 0, sizeof(id));
   if (c->rank == 0 && (r = fromFusco(c, fuscoGetUniqueId(&id), "fuscoGetUniqueId")) != ncclSuccess)
     return r;
-  const CudaRt* rt = cudaRt();
-  if (rt == nullptr)
-    return fail(c, ncclSystemError, "libfusco_nccl: no CUDA runtime to broadcast fusco's id");
-  void* d = nullptr;
-  if (rt->malloc(&d, sizeof(id)) != 0)
-    return fail(c, ncclUnhandledCudaError, "libfusco_nccl: cudaMalloc for the id failed");
-  r = rt->memcpy(d, &id, sizeof(id), 1) == 0 ? ncclSuccess : ncclUnhandledCudaError;
-  if (r == ncclSuccess)
-    r = callReal(real.Broadcast, "ncclBroadcast", static_cast<const void*>(d), d, sizeof(id),
-                 ncclUint8, 0, comm, stream);
-  if (r == ncclSuccess &&
-      (rt->streamSynchronize(stream) != 0 || rt->memcpy(&id, d, sizeof(id), 2) != 0))
-    r = ncclUnhandledCudaError;
-  rt->free(d);
+  r = broadcastId(c, comm, stream, &id);
   if (r != ncclSuccess) return fail(c, r, "libfusco_nccl: broadcasting fusco's id failed");
   c->memType = commMemType();
   fuscoConfig_t cfg = fuscoConfigFor(c->memType, c->memType == fuscoMemCuda ? c->cudaDevice : -1);

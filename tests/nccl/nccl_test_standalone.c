@@ -3,6 +3,7 @@
  * all-to-all(v), bit-exact against the sequential reference (pattern()), zero counts, bad
  * arguments, an unserved collective, a killed rank and ncclCommSplit. */
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -203,9 +204,16 @@ int main(int argc, char** argv) {
   int n = atoi(argv[2]);
   if (argc > 3 && strcmp(argv[3], "--device") == 0) {
 #ifdef FUSCO_NCCL_TEST_CUDA
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      printf("SKIP: no CUDA device (%s)\n", count == 0 ? "none found" : "no driver");
+    /* Probed in a child: CUDA must not be initialized in the process that forks the ranks. */
+    pid_t probe = fork();
+    if (probe == 0) {
+      int count = 0;
+      _exit(cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(probe, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      printf("SKIP: no usable CUDA device\n");
       return 77;
     }
     gDevice = 1;
