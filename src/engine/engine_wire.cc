@@ -66,6 +66,7 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   Writer w{static_cast<char*>(buf), cap};
   w.pod(kHeaderMagic);
   w.pod(static_cast<uint32_t>(h.kind));
+  w.pod(h.call);
   w.pod(h.seq);
   w.pod(h.status);
   putVec(w, h.sendBytes);
@@ -79,7 +80,8 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
 }
 
 size_t encodedHeaderBytes(const PairHeader& h) {
-  const size_t fixed = sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.seq) + sizeof(h.status);
+  const size_t fixed =
+      sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.call) + sizeof(h.seq) + sizeof(h.status);
   size_t bytes = fixed;
   for (const std::vector<uint64_t>* v :
        {&h.sendBytes, &h.recvBytes, &h.recvTokens, &h.recvExtents, &h.sendTokens, &h.sendExtents})
@@ -91,6 +93,7 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   Reader r{static_cast<const char*>(buf), len};
   if (r.pod<uint32_t>() != kHeaderMagic || !r.ok) return false;
   h->kind = static_cast<OpKind>(r.pod<uint32_t>());
+  h->call = r.pod<uint64_t>();
   h->seq = r.pod<uint64_t>();
   h->status = r.pod<int32_t>();
   size_t maxCount = len / sizeof(uint64_t);
@@ -101,6 +104,15 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
          h->recvExtents.size() == h->recvBytes.size() &&
          (h->sendTokens.empty() || h->sendTokens.size() == h->sendBytes.size()) &&
          h->sendExtents.size() == h->sendTokens.size();
+}
+
+bool pairInStep(const PairHeader& mine, const PairHeader& theirs, int peer, std::string* why) {
+  if (mine.call == theirs.call && mine.seq == theirs.seq) return true;
+  *why = "rank " + std::to_string(peer) + " is out of step with this rank: it is in call #" +
+         std::to_string(theirs.call) + " (operation #" + std::to_string(theirs.seq) +
+         " of the pair), this rank in call #" + std::to_string(mine.call) + " (operation #" +
+         std::to_string(mine.seq) + ")";
+  return false;
 }
 
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len) {

@@ -15,6 +15,7 @@ void OpRunner::buildHeaders() {
     involved_[p] = true;
     PairHeader& h = mine_[p];
     h.kind = op_.kind;
+    h.call = c_.callSeq();
     h.seq = c_.nextPairSeq(p);
     h.status = op_.argStatus;
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
@@ -148,7 +149,11 @@ void OpRunner::checkPairs() {
       continue;
     }
     const PairHeader &m = mine_[p], &t = theirs_[p];
-    if (t.kind != m.kind || t.seq != m.seq) {
+    std::string why;
+    if (!pairInStep(m, t, p, &why)) {
+      state_[p] = PairState::Skew;
+      pairMsg_[p] = why;
+    } else if (t.kind != m.kind) {
       state_[p] = PairState::Mismatch;
       pairMsg_[p] = "rank " + std::to_string(p) + " is in a different call (call #" +
                     std::to_string(t.seq) + " of kind " + std::to_string((int)t.kind) +
@@ -233,6 +238,22 @@ fuscoResult_t OpRunner::verdictRound(Verdict* first) {
       break;
     }
   return fuscoSuccess;
+}
+
+// A collective operation with a verdict round: every rank learns whether the call failed anywhere,
+// so all of them fail it together (validation: no data moved, the comm stays usable).
+fuscoResult_t OpRunner::decideCollective() {
+  Verdict first;
+  FUSCO_CHECK(verdictRound(&first));
+  if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
+  if (first.status == fuscoSuccess) return fuscoSuccess;
+  for (int p = 0; p < n_; ++p)
+    if (state_[p] == PairState::Mismatch)
+      return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);
+  return validationError(
+      first.status == fuscoInvalidArgument ? fuscoInvalidUsage : fuscoRemoteError, "%s",
+      std::string(op_.name) + " failed on rank " + std::to_string(first.culprit) + ": " +
+          first.message);
 }
 
 }  // namespace fusco
