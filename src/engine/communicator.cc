@@ -359,11 +359,13 @@ void Communicator::beginCall(bool collective) {
   callOpen_ = true;
   callAgreedFailure_ = false;
   callOps_ = 0;
+  callAgree_.clear();
 }
 
 void Communicator::endCall(fuscoResult_t r, const std::string& why) {
   if (!callOpen_) return;
   callOpen_ = false;
+  callAgree_.clear();
   if (r == fuscoSuccess || callAgreedFailure_ || broken_.load() != fuscoSuccess) return;
   markBroken(r, "rank " + std::to_string(rank_) + " failed in the middle of a call (" + why +
                     "): its peers may have gone on without it, so the communicator is out of step");

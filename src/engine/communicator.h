@@ -32,6 +32,15 @@ struct CommOptions {
 // CUDA path's device watch), in milliseconds.
 int64_t paramLivenessMs();
 
+// A value every rank must pass alike in one call (a datatype, a size, a config field). The values
+// of a call ride in the headers of its first operation, which every rank exchanges with every
+// peer, so a difference fails that operation on every rank before any data moves.
+struct AgreeValue {
+  const char* name;  // the argument or field, as the error message names it
+  uint64_t value;
+  std::string (*show)(uint64_t) = nullptr;  // how the message prints a value; nullptr: decimal
+};
+
 // One peer's connection: the transport that carries it.
 struct PeerConn {
   const TransportOps* ops = nullptr;  // nullptr for self
@@ -107,6 +116,9 @@ class Communicator {
   // so they fail at once instead of pairing their next operation with this rank's next call.
   void endCall(fuscoResult_t r, const std::string& why);
   uint64_t callSeq() const { return callSeq_; }
+  // The values of the open call that every rank must agree on (carried by its first operation).
+  void agreeInCall(std::vector<AgreeValue> values) { callAgree_ = std::move(values); }
+  const std::vector<AgreeValue>& callAgreement() const { return callAgree_; }
   size_t opsInCall() const { return callOps_; }
   // The engine, after each operation: agreedFailure when it failed validation on every rank alike.
   void endOp(bool agreedFailure) {
@@ -150,6 +162,7 @@ class Communicator {
   uint64_t callSeq_ = 0;
   bool callOpen_ = false, callAgreedFailure_ = false;
   size_t callOps_ = 0;
+  std::vector<AgreeValue> callAgree_;
   std::atomic<fuscoResult_t> broken_{fuscoSuccess};
   mutable std::mutex brokenMu_;
   std::string brokenMsg_;

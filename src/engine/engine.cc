@@ -216,7 +216,7 @@ fuscoResult_t OpRunner::run() {
       return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
                         "%s: %s; the communicator cannot be used any more", op_.name,
                         pairMsg_[p].c_str());
-  if (op_.collective && !op_.agreed && n_ > 1) FUSCO_CHECK(decideCollective());
+  if (op_.collective && n_ > 1) FUSCO_CHECK(op_.agreed ? decideAgreed() : decideCollective());
   // Peers skip their pairs with a rank whose arguments are invalid, so nobody waits for data.
   if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
   if (!op_.validateOnly && onDevice()) {

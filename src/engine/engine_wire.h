@@ -32,6 +32,7 @@ struct PairHeader {
   std::vector<uint64_t> recvExtents;  // per expected message: bytes from the token's base it spans
   std::vector<uint64_t> sendTokens;   // pull operations: per message sent, the token of its buffer
   std::vector<uint64_t> sendExtents;  // and the bytes from that token's base the receiver may read
+  std::vector<uint64_t> agree;  // first operation of a call: the values all ranks must agree on
 };
 
 struct Verdict {
@@ -49,6 +50,11 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h);
 // not, the ranks are out of step (one left a call early) and *why names both call numbers and
 // both operation numbers; peer is the rank that sent `theirs`.
 bool pairInStep(const PairHeader& mine, const PairHeader& theirs, int peer, std::string* why);
+// Whether the call values of a pair agree; when they do not, *why names the first value that
+// differs and both ranks' values.
+bool valuesAgree(const std::vector<AgreeValue>& mine, const std::vector<uint64_t>& theirs, int me,
+                 int peer, std::string* why);
+
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len);
 bool decodeVerdict(const void* buf, size_t len, Verdict* v);
 

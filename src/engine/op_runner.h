@@ -63,6 +63,7 @@ class OpRunner {
   void offerSends(int p, PairHeader* h);
   fuscoResult_t verdictRound(Verdict* first);
   fuscoResult_t decideCollective();
+  fuscoResult_t decideAgreed();
   fuscoResult_t dataPhase();
   fuscoResult_t stepSend(int p, bool* progressed);
   fuscoResult_t stepRecv(int p, bool* progressed);

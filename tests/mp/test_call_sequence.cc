@@ -178,7 +178,7 @@ TEST(CallSequence, EveryFailureThatKeepsTheCommUsableKeepsCallsInStep) {
       FUSCO_EXPECT_OK(comm, fuscoRecv(buf2.data(), 8, fuscoInt32, 3, comm, nullptr));
       FUSCO_EXPECT_OK(comm, fuscoGroupEnd());
     }
-    // 3. A plan with bad routing on rank 2.
+    // 3. A plan with bad routing on rank 2, and one with a config that differs on rank 0.
     MoeCase c = moeCase();
     MoeRefProblem p = makeProblem(c, 3);
     std::vector<int64_t> idx = p.topkIdx[ctx.rank];
@@ -187,9 +187,13 @@ TEST(CallSequence, EveryFailureThatKeepsTheCommUsableKeepsCallsInStep) {
     fuscoMoeHandle_t h = nullptr;
     EXPECT_NE(fuscoMoePlan(&h, comm, &m, idx.data(), p.numTokens[ctx.rank], 2, nullptr),
               fuscoSuccess);
+    if (ctx.rank == 0) m.expertAlignment = 8;
+    EXPECT_NE(
+        fuscoMoePlan(&h, comm, &m, p.topkIdx[ctx.rank].data(), p.numTokens[ctx.rank], 2, nullptr),
+        fuscoSuccess);
     // 4. Counts that do not pair up between ranks 0 and 2 (a pair mismatch, agreed by verdict).
-    auto l = makeA2avLayout(fusco::test::uniformCountMatrix(kRanks, 3), kRanks, ctx.rank, 4, 1,
-                            false);
+    auto l =
+        makeA2avLayout(fusco::test::uniformCountMatrix(kRanks, 3), kRanks, ctx.rank, 4, 1, false);
     if (ctx.rank == 0) l.sendcounts[2] += 1;  // rank 2 expects 3
     std::vector<int32_t> send(l.sendElems + 8, 1), recv(l.recvElems + 8);
     EXPECT_NE(fuscoAllToAllv(send.data(), l.sendcounts.data(), l.sdispls.data(), recv.data(),

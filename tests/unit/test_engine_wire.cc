@@ -20,6 +20,7 @@ PairHeader sample() {
   h.recvBytes = {4096, 8192};
   h.recvTokens = {kStagedToken, 42};
   h.recvExtents = {4096, 8192 | kLayoutSharedBit};
+  h.agree = {9, 16};
   return h;
 }
 
@@ -34,6 +35,7 @@ void expectSame(const PairHeader& a, const PairHeader& b) {
   EXPECT_EQ(a.recvExtents, b.recvExtents);
   EXPECT_EQ(a.sendTokens, b.sendTokens);
   EXPECT_EQ(a.sendExtents, b.sendExtents);
+  EXPECT_EQ(a.agree, b.agree);
 }
 
 TEST(EngineWire, HeaderRoundTripsWithoutAndWithPullOffers) {
@@ -95,6 +97,21 @@ TEST(EngineWire, HeadersOfDifferentCallsAreOutOfStepNamingBothNumbers) {
   ASSERT_FALSE(pairInStep(mine, theirs, 2, &why));
   EXPECT_NE(why.find("operation #18"), std::string::npos) << why;
   EXPECT_NE(why.find("operation #17"), std::string::npos) << why;
+}
+
+// Call values that differ name the first differing value, both ranks and both values.
+TEST(EngineWire, DifferingCallValuesNameTheValueBothRanksAndBothValues) {
+  auto name = [](uint64_t v) { return "type" + std::to_string(v); };
+  const std::vector<AgreeValue> mine = {{"datatype", 7, name}, {"hidden", 16}};
+  std::string why;
+  EXPECT_TRUE(valuesAgree(mine, {7, 16}, 0, 3, &why));
+  ASSERT_FALSE(valuesAgree(mine, {7, 8}, 0, 3, &why));
+  for (const char* part : {"hidden", "rank 3 passed 8", "rank 0 passed 16"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
+  ASSERT_FALSE(valuesAgree(mine, {9, 8}, 0, 3, &why));
+  EXPECT_NE(why.find("datatype differs"), std::string::npos) << why;
+  EXPECT_NE(why.find("type9"), std::string::npos) << why;
+  EXPECT_FALSE(valuesAgree(mine, {7}, 0, 3, &why));
 }
 
 }  // namespace
