@@ -39,7 +39,7 @@ fuscoResult_t runGroup(std::vector<PendingCall> calls) {
   fuscoResult_t first = fuscoSuccess;
   std::string firstMsg;
   for (fuscoComm_t comm : comms) {
-    fuscoResult_t r = guarded(comm, "fuscoGroupEnd", [&]() -> fuscoResult_t {
+    fuscoResult_t r = guarded(comm, "fuscoGroupEnd", CallKind::Group, [&]() -> fuscoResult_t {
       FUSCO_CHECK(checkComm(comm, "fuscoGroupEnd"));
       ArgCheck a;
       std::vector<P2pCall> mine;
@@ -108,7 +108,7 @@ extern "C" {
 
 fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             fuscoDataType_t datatype, fuscoComm_t comm, void* stream) {
-  return guarded(comm, "fuscoAllToAll", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoAllToAll", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoAllToAll"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::AllToAll));
     const int n = comm->impl->nranks();
@@ -130,7 +130,7 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[],
                              const size_t sdispls[], void* recvbuff, const size_t recvcounts[],
                              const size_t rdispls[], fuscoDataType_t datatype, fuscoComm_t comm,
                              void* stream) {
-  return guarded(comm, "fuscoAllToAllv", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoAllToAllv", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoAllToAllv"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::AllToAll));
     const int n = comm->impl->nranks();

@@ -32,9 +32,15 @@ fuscoResult_t checkComm(fuscoComm_t comm, const char* fn);
 // Records the thread's last error on the communicator after a failed call.
 void noteResult(fuscoComm_t comm, fuscoResult_t r);
 
+// Group: point-to-point calls (fuscoGroupEnd), which only some ranks may make.
+enum class CallKind { None, Collective, Group };
+
 // Runs body, catching everything. Usage: return guarded(comm, "fuscoX", [&] { ... });
+// A call that communicates names its kind: on a live comm it is one call of the communicator
+// (Communicator::beginCall / endCall), so a failure that leaves its peers a call apart breaks the
+// comm, whether it is an error code or an exception.
 template <typename Body>
-fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
+fuscoResult_t guarded(fuscoComm_t comm, const char* fn, CallKind kind, Body body) {
   fuscoResult_t r;
   clearThreadLastError();
   struct Pin {
@@ -44,6 +50,8 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
       if (c) unpinComm(c);
     }
   } pin(comm);
+  const bool call = kind != CallKind::None && pin.c != nullptr;
+  if (call) pin.c->impl->beginCall(kind == CallKind::Collective);
   try {
     r = body();
   } catch (const std::bad_alloc&) {
@@ -53,8 +61,14 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
   } catch (...) {
     r = FUSCO_FAIL(fuscoInternalError, kApi, "%s: unexpected exception", fn);
   }
+  if (call) pin.c->impl->endCall(r, threadLastError());
   noteResult(comm, r);
   return r;
+}
+
+template <typename Body>
+fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
+  return guarded(comm, fn, CallKind::None, body);
 }
 
 // fuscoMemCuda comms take device buffers: a non-NULL pointer the GPU cannot use (host memory)

@@ -32,7 +32,7 @@ extern "C" {
 fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t rowBytes,
                                 const size_t sendCounts[], const int64_t* sendRows,
                                 const size_t recvCounts[], const int64_t* recvRows) {
-  return guarded(comm, "fuscoLayoutCreate", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoLayoutCreate", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoLayoutCreate"));
     int n = comm->impl->nranks();
     std::unique_ptr<fuscoLayout> l(new fuscoLayout());
@@ -55,7 +55,7 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
 fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t layout,
                            void* stream) {
   fuscoComm_t comm = layout ? layout->comm : nullptr;
-  return guarded(comm, "fuscoShuffle", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoShuffle", CallKind::Collective, [&]() -> fuscoResult_t {
     if (layout == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoShuffle: layout is NULL");
     FUSCO_CHECK(checkComm(comm, "fuscoShuffle"));

@@ -70,7 +70,7 @@ extern "C" {
 fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
                            const fuscoMoeConfig_t* config, const int64_t* topkIdx, size_t numTokens,
                            int topk, void* stream) {
-  return guarded(comm, "fuscoMoePlan", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoMoePlan", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoMoePlan"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::Plan));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
@@ -94,7 +94,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
   fuscoComm_t comm = handle ? handle->comm : nullptr;
-  return guarded(comm, "fuscoMoeDispatch", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoMoeDispatch", CallKind::Collective, [&]() -> fuscoResult_t {
     if (handle == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeDispatch: handle is NULL");
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
@@ -109,7 +109,7 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream) {
   fuscoComm_t comm = handle ? handle->comm : nullptr;
-  return guarded(comm, "fuscoMoeCombine", [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoMoeCombine", CallKind::Collective, [&]() -> fuscoResult_t {
     if (handle == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeCombine: handle is NULL");
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));

@@ -21,7 +21,8 @@ std::atomic<bool> gFaultArmed{false};
 namespace {
 
 const char* const kPhaseNames[] = {"bootstrap", "plan", "dispatch", "combine", "alltoall"};
-const char* const kActionNames[] = {"kill", "stall", "drop-connection", "corrupt-header"};
+const char* const kActionNames[] = {"kill", "stall", "drop-connection", "corrupt-header", "oom"};
+constexpr int kNumActions = sizeof(kActionNames) / sizeof(kActionNames[0]);
 constexpr int kNumPhases = static_cast<int>(FaultPhase::Count);
 
 struct Armed {
@@ -43,6 +44,9 @@ FaultState& state() {
 // Set by a corrupt-header fault for the rest of the API call on this thread; every fault point
 // (the start of the next call) clears it.
 thread_local bool tCorruptHeaders = false;
+// Set by an oom fault for the rest of the API call on this thread: the engine operations the call
+// runs before it runs out of memory (-1: none armed).
+thread_local int64_t tOomAfterOps = -1;
 
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
@@ -88,8 +92,8 @@ bool parseSpec(const std::string& text, FaultSpec* spec, std::string* why) {
   if (f.size() < 3) return fail(why, "expected action:phase:rank=R");
   int a = lookup(kActionNames, f[0]);
   if (a < 0)
-    return fail(why,
-                "unknown action '" + f[0] + "' (kill, stall, drop-connection, corrupt-header)");
+    return fail(
+        why, "unknown action '" + f[0] + "' (kill, stall, drop-connection, corrupt-header, oom)");
   int p = lookup(kPhaseNames, f[1]);
   if (p < 0)
     return fail(why, "unknown phase '" + f[1] + "' (bootstrap, plan, dispatch, combine, alltoall)");
@@ -108,13 +112,16 @@ bool parseSpec(const std::string& text, FaultSpec* spec, std::string* why) {
       spec->after = v;
     } else if (key == "ms" && parseNumber(val, 0, &v)) {
       spec->ms = v;
+    } else if (key == "ops" && parseNumber(val, 0, &v)) {
+      spec->ops = v;
     } else {
-      return fail(why, "bad field '" + f[i] + "' (rank=R, after=N >= 1, ms=M >= 0)");
+      return fail(why, "bad field '" + f[i] + "' (rank=R, after=N >= 1, ms=M >= 0, ops=K >= 0)");
     }
   }
   if (!haveRank) return fail(why, "missing rank=R");
-  if (spec->action == FaultAction::CorruptHeader && spec->phase == FaultPhase::Bootstrap)
-    return fail(why, "corrupt-header applies to engine phases only, not bootstrap");
+  if ((spec->action == FaultAction::CorruptHeader || spec->action == FaultAction::Oom) &&
+      spec->phase == FaultPhase::Bootstrap)
+    return fail(why, f[0] + " applies to engine phases only, not bootstrap");
   return true;
 }
 
@@ -141,6 +148,11 @@ fuscoResult_t apply(const FaultSpec& s, int rank, const FaultCtx* ctx) {
       FUSCO_WARN(kInit, "fault injected: corrupt-header on rank %d at phase %s", rank, phase);
       tCorruptHeaders = true;
       return fuscoSuccess;
+    case FaultAction::Oom:
+      FUSCO_WARN(kInit, "fault injected: oom after %lld operations on rank %d at phase %s",
+                 static_cast<long long>(s.ops), rank, phase);
+      tOomAfterOps = s.ops;
+      return fuscoSuccess;
     case FaultAction::DropConnection: {
       std::string reason =
           "fault injected: drop-connection on rank " + std::to_string(rank) + " at phase " + phase;
@@ -165,7 +177,7 @@ const char* faultPhaseName(FaultPhase p) {
 
 const char* faultActionName(FaultAction a) {
   int i = static_cast<int>(a);
-  return i >= 0 && i < 4 ? kActionNames[i] : "?";
+  return i >= 0 && i < kNumActions ? kActionNames[i] : "?";
 }
 
 bool faultParse(const std::string& value, std::vector<FaultSpec>* out, std::string* errors) {
@@ -207,6 +219,7 @@ namespace detail {
 
 fuscoResult_t faultFire(FaultPhase phase, int rank, const FaultCtx* ctx) {
   tCorruptHeaders = false;
+  tOomAfterOps = -1;
   const int p = static_cast<int>(phase);
   if (p < 0 || p >= kNumPhases) return fuscoSuccess;
   std::vector<FaultSpec> due;
@@ -225,6 +238,12 @@ fuscoResult_t faultFire(FaultPhase phase, int rank, const FaultCtx* ctx) {
 }
 
 bool corruptHeadersNow() { return tCorruptHeaders; }
+
+bool oomNow(int64_t opsDone) {
+  if (tOomAfterOps != opsDone) return false;
+  tOomAfterOps = -1;
+  return true;
+}
 
 }  // namespace detail
 

@@ -1,11 +1,11 @@
-// Fault injection (debug only): FUSCO_FAULT makes one rank crash, stall, drop its connections or
-// send a corrupt call header at a named phase, so tests can check that every other rank fails
-// promptly with a message naming that rank and the operation.
+// Fault injection (debug only): FUSCO_FAULT makes one rank crash, stall, drop its connections, send
+// a corrupt call header or run out of memory in the middle of a call at a named phase, so tests can
+// check that every other rank fails promptly with a message naming that rank and the operation.
 //
 // Grammar (several specs separated by ';'; fields after the phase in any order):
 //   FUSCO_FAULT = spec (';' spec)*
-//   spec        = action ':' phase ':' 'rank=' R [':after=' N] [':ms=' M]
-//   action      = kill | stall | drop-connection | corrupt-header
+//   spec        = action ':' phase ':' 'rank=' R [':after=' N] [':ms=' M] [':ops=' K]
+//   action      = kill | stall | drop-connection | corrupt-header | oom
 //   phase       = bootstrap | plan | dispatch | combine | alltoall
 // A spec fires on communicator rank R the N-th time (default 1) that rank reaches the phase since
 // its communicator was created, once. kill raises SIGKILL (a crash). stall sleeps M ms (default
@@ -13,8 +13,11 @@
 // drop-connection aborts every transport connection of the rank (peers see "aborted: fault
 // injected ...") and fails the rank's own call; at bootstrap it fails init, which closes the
 // bootstrap sockets. corrupt-header garbles every call header the rank sends in that API call
-// (engine phases only). A malformed spec (unknown action/phase, missing rank, bad number,
-// corrupt-header at bootstrap) is logged at WARN and ignored; the other specs still apply.
+// (engine phases only). oom makes the rank's call run out of host memory (std::bad_alloc) once it
+// has run K engine operations (default 1; 0: before the first), as a real shortage between the
+// rounds of a multi-operation call would (engine phases only). A malformed spec (unknown
+// action/phase, missing rank, bad number, corrupt-header or oom at bootstrap) is logged at WARN and
+// ignored; the other specs still apply.
 //
 // With FUSCO_FAULT unset a fault point costs one relaxed atomic load.
 #pragma once
@@ -30,7 +33,7 @@
 namespace fusco {
 
 enum class FaultPhase : int { Bootstrap = 0, Plan, Dispatch, Combine, AllToAll, Count };
-enum class FaultAction : int { Kill = 0, Stall, DropConnection, CorruptHeader };
+enum class FaultAction : int { Kill = 0, Stall, DropConnection, CorruptHeader, Oom };
 
 struct FaultSpec {
   FaultAction action = FaultAction::Kill;
@@ -38,6 +41,7 @@ struct FaultSpec {
   int rank = -1;
   int64_t after = 1;    // fire at the after-th arrival at the phase
   int64_t ms = 600000;  // stall length
+  int64_t ops = 1;      // oom: engine operations the call runs first
 };
 
 // "bootstrap", "plan", ... / "kill", "stall", ...
@@ -80,11 +84,18 @@ inline fuscoResult_t faultPoint(FaultPhase phase, int rank, Drop&& drop) {
 
 namespace detail {
 bool corruptHeadersNow();
+bool oomNow(int64_t opsDone);
 }  // namespace detail
 
 // Engine hook: true while the current API call on this thread must send corrupt call headers.
 inline bool faultCorruptHeaders() {
   return detail::gFaultArmed.load(std::memory_order_relaxed) && detail::corruptHeadersNow();
+}
+// Engine hook, at the start of each operation of an API call (opsDone: operations the call ran so
+// far): true once, when an oom fault of this call is due; the caller then throws std::bad_alloc.
+inline bool faultOomNow(size_t opsDone) {
+  return detail::gFaultArmed.load(std::memory_order_relaxed) &&
+         detail::oomNow(static_cast<int64_t>(opsDone));
 }
 // Overwrites an encoded call header (len bytes at buf) with garbage that fails decoding.
 void faultCorruptBytes(void* buf, size_t len);

@@ -354,6 +354,23 @@ void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
   for (auto& t : transports_) t.first->markAborted(t.second, brokenMsg_.c_str());
 }
 
+void Communicator::beginCall(bool collective) {
+  if (collective) ++callSeq_;
+  callOpen_ = true;
+  callAgreedFailure_ = false;
+  callOps_ = 0;
+  callAgree_.clear();
+}
+
+void Communicator::endCall(fuscoResult_t r, const std::string& why) {
+  if (!callOpen_) return;
+  callOpen_ = false;
+  callAgree_.clear();
+  if (r == fuscoSuccess || callAgreedFailure_ || broken_.load() != fuscoSuccess) return;
+  markBroken(r, "rank " + std::to_string(rank_) + " failed in the middle of a call (" + why +
+                    "): its peers may have gone on without it, so the communicator is out of step");
+}
+
 std::string Communicator::brokenMessage() const {
   std::lock_guard<std::mutex> g(brokenMu_);
   return brokenMsg_;

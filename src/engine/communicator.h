@@ -32,6 +32,15 @@ struct CommOptions {
 // CUDA path's device watch), in milliseconds.
 int64_t paramLivenessMs();
 
+// A value every rank must pass alike in one call (a datatype, a size, a config field). The values
+// of a call ride in the headers of its first operation, which every rank exchanges with every
+// peer, so a difference fails that operation on every rank before any data moves.
+struct AgreeValue {
+  const char* name;  // the argument or field, as the error message names it
+  uint64_t value;
+  std::string (*show)(uint64_t) = nullptr;  // how the message prints a value; nullptr: decimal
+};
+
 // One peer's connection: the transport that carries it.
 struct PeerConn {
   const TransportOps* ops = nullptr;  // nullptr for self
@@ -94,6 +103,29 @@ class Communicator {
   // Per-peer operation counter: both sides of a pair count the operations they share.
   uint64_t nextPairSeq(int peer) { return ++pairSeq_[peer]; }
 
+  // Calls. Every public call that communicates is one call of one or more engine operations.
+  // Collective calls are numbered (callSeq): every rank makes the same collective calls in the same
+  // order, a call that fails included, so the number is the same on every rank; point-to-point
+  // groups carry the number of the last collective call. Every operation's header carries it next
+  // to the pair's operation number, so ranks that are a call apart see it and never pair
+  // operations of two different calls (engine_wire.h, pairInStep).
+  void beginCall(bool collective);
+  // Ends the open call with its result. A failure that did not end the call alike on every rank
+  // (anything but an agreed validation failure of its last operation: a local error between two
+  // operations, or before the first) breaks the communicator, and the transports tell the peers,
+  // so they fail at once instead of pairing their next operation with this rank's next call.
+  void endCall(fuscoResult_t r, const std::string& why);
+  uint64_t callSeq() const { return callSeq_; }
+  // The values of the open call that every rank must agree on (carried by its first operation).
+  void agreeInCall(std::vector<AgreeValue> values) { callAgree_ = std::move(values); }
+  const std::vector<AgreeValue>& callAgreement() const { return callAgree_; }
+  size_t opsInCall() const { return callOps_; }
+  // The engine, after each operation: agreedFailure when it failed validation on every rank alike.
+  void endOp(bool agreedFailure) {
+    ++callOps_;
+    callAgreedFailure_ = agreedFailure;
+  }
+
   // The CUDA path (fuscoMemCuda). device(): the CUDA device of this comm (-1 for host comms).
   int device() const { return device_; }
   // Makes the comm's device current for the calling thread.
@@ -127,6 +159,10 @@ class Communicator {
   std::vector<PeerConn> conns_;
   std::vector<std::pair<const TransportOps*, TransportComm*>> transports_;
   std::vector<uint64_t> pairSeq_;
+  uint64_t callSeq_ = 0;
+  bool callOpen_ = false, callAgreedFailure_ = false;
+  size_t callOps_ = 0;
+  std::vector<AgreeValue> callAgree_;
   std::atomic<fuscoResult_t> broken_{fuscoSuccess};
   mutable std::mutex brokenMu_;
   std::string brokenMsg_;

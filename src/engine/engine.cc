@@ -209,20 +209,14 @@ fuscoResult_t OpRunner::run() {
   buildHeaders();
   FUSCO_CHECK(headerRound());
   checkPairs();
-  if (op_.collective && !op_.agreed && n_ > 1) {
-    Verdict first;
-    FUSCO_CHECK(verdictRound(&first));
-    if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
-    if (first.status != fuscoSuccess) {
-      for (int p = 0; p < n_; ++p)
-        if (state_[p] == PairState::Mismatch)
-          return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);
-      return validationError(
-          first.status == fuscoInvalidArgument ? fuscoInvalidUsage : fuscoRemoteError, "%s",
-          std::string(op_.name) + " failed on rank " + std::to_string(first.culprit) + ": " +
-              first.message);
-    }
-  }
+  // A peer in another call cannot take part in this one, nor this rank in its: neither the verdict
+  // nor the data of this operation can be exchanged with it.
+  for (int p = 0; p < n_; ++p)
+    if (state_[p] == PairState::Skew)
+      return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                        "%s: %s; the communicator cannot be used any more", op_.name,
+                        pairMsg_[p].c_str());
+  if (op_.collective && n_ > 1) FUSCO_CHECK(op_.agreed ? decideAgreed() : decideCollective());
   // Peers skip their pairs with a rank whose arguments are invalid, so nobody waits for data.
   if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
   if (!op_.validateOnly && onDevice()) {
@@ -244,6 +238,8 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
     return FUSCO_FAIL(comm.brokenResult(), kEngine,
                       "%s: the communicator failed in an earlier call and cannot be used: %s",
                       op.name, comm.brokenMessage().c_str());
+  // FUSCO_FAULT oom: this rank runs out of host memory between two operations of its call.
+  if (faultOomNow(comm.opsInCall())) throw std::bad_alloc();
   OpRunner runner(comm, op);
   fuscoResult_t r;
   try {
@@ -254,6 +250,7 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
   }
   // Anything but an agreed validation failure may leave half an operation in the channels.
   if (r != fuscoSuccess && !runner.failedValidation()) comm.markBroken(r, threadLastError());
+  comm.endOp(r != fuscoSuccess && runner.failedValidation());
   return r;
 }
 

@@ -66,6 +66,7 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   Writer w{static_cast<char*>(buf), cap};
   w.pod(kHeaderMagic);
   w.pod(static_cast<uint32_t>(h.kind));
+  w.pod(h.call);
   w.pod(h.seq);
   w.pod(h.status);
   putVec(w, h.sendBytes);
@@ -74,15 +75,17 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   putVec(w, h.recvExtents);
   putVec(w, h.sendTokens);
   putVec(w, h.sendExtents);
+  putVec(w, h.agree);
   *len = w.len;
   return w.ok;
 }
 
 size_t encodedHeaderBytes(const PairHeader& h) {
-  const size_t fixed = sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.seq) + sizeof(h.status);
+  const size_t fixed =
+      sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.call) + sizeof(h.seq) + sizeof(h.status);
   size_t bytes = fixed;
-  for (const std::vector<uint64_t>* v :
-       {&h.sendBytes, &h.recvBytes, &h.recvTokens, &h.recvExtents, &h.sendTokens, &h.sendExtents})
+  for (const std::vector<uint64_t>* v : {&h.sendBytes, &h.recvBytes, &h.recvTokens, &h.recvExtents,
+                                         &h.sendTokens, &h.sendExtents, &h.agree})
     bytes += sizeof(uint32_t) + v->size() * sizeof(uint64_t);
   return bytes;
 }
@@ -91,16 +94,46 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   Reader r{static_cast<const char*>(buf), len};
   if (r.pod<uint32_t>() != kHeaderMagic || !r.ok) return false;
   h->kind = static_cast<OpKind>(r.pod<uint32_t>());
+  h->call = r.pod<uint64_t>();
   h->seq = r.pod<uint64_t>();
   h->status = r.pod<int32_t>();
   size_t maxCount = len / sizeof(uint64_t);
   return getVec(r, &h->sendBytes, maxCount) && getVec(r, &h->recvBytes, maxCount) &&
          getVec(r, &h->recvTokens, maxCount) && getVec(r, &h->recvExtents, maxCount) &&
          getVec(r, &h->sendTokens, maxCount) && getVec(r, &h->sendExtents, maxCount) &&
-         h->recvTokens.size() == h->recvBytes.size() &&
+         getVec(r, &h->agree, maxCount) && h->recvTokens.size() == h->recvBytes.size() &&
          h->recvExtents.size() == h->recvBytes.size() &&
          (h->sendTokens.empty() || h->sendTokens.size() == h->sendBytes.size()) &&
          h->sendExtents.size() == h->sendTokens.size();
+}
+
+bool pairInStep(const PairHeader& mine, const PairHeader& theirs, int peer, std::string* why) {
+  if (mine.call == theirs.call && mine.seq == theirs.seq) return true;
+  *why = "rank " + std::to_string(peer) + " is out of step with this rank: it is in call #" +
+         std::to_string(theirs.call) + " (operation #" + std::to_string(theirs.seq) +
+         " of the pair), this rank in call #" + std::to_string(mine.call) + " (operation #" +
+         std::to_string(mine.seq) + ")";
+  return false;
+}
+
+bool valuesAgree(const std::vector<AgreeValue>& mine, const std::vector<uint64_t>& theirs, int me,
+                 int peer, std::string* why) {
+  auto show = [](const AgreeValue& v, uint64_t x) {
+    return v.show != nullptr ? v.show(x) : std::to_string(x);
+  };
+  if (theirs.size() != mine.size()) {
+    *why = "rank " + std::to_string(peer) + " agrees on " + std::to_string(theirs.size()) +
+           " call values, rank " + std::to_string(me) + " on " + std::to_string(mine.size());
+    return false;
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].value == theirs[i]) continue;
+    *why = std::string(mine[i].name) + " differs between ranks: rank " + std::to_string(peer) +
+           " passed " + show(mine[i], theirs[i]) + ", rank " + std::to_string(me) + " passed " +
+           show(mine[i], mine[i].value) + " (every rank must pass the same)";
+    return false;
+  }
+  return true;
 }
 
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len) {

@@ -23,7 +23,8 @@ constexpr uint64_t kLayoutSharedBit = 1ull << 63;
 
 struct PairHeader {
   OpKind kind = OpKind::Group;
-  uint64_t seq = 0;
+  uint64_t call = 0;                  // the sender's collective call number (Communicator::callSeq)
+  uint64_t seq = 0;                   // the pair's operation number (Communicator::nextPairSeq)
   int32_t status = 0;                 // sender's own argument status
   std::vector<uint64_t> sendBytes;    // what the sender of the header sends to the receiver
   std::vector<uint64_t> recvBytes;    // what it expects from the receiver
@@ -31,6 +32,7 @@ struct PairHeader {
   std::vector<uint64_t> recvExtents;  // per expected message: bytes from the token's base it spans
   std::vector<uint64_t> sendTokens;   // pull operations: per message sent, the token of its buffer
   std::vector<uint64_t> sendExtents;  // and the bytes from that token's base the receiver may read
+  std::vector<uint64_t> agree;  // first operation of a call: the values all ranks must agree on
 };
 
 struct Verdict {
@@ -44,6 +46,15 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len);
 // The bytes encodeHeader writes for h (what a slot must hold).
 size_t encodedHeaderBytes(const PairHeader& h);
 bool decodeHeader(const void* buf, size_t len, PairHeader* h);
+// Whether the two headers of a pair belong to the same operation of the same call. When they do
+// not, the ranks are out of step (one left a call early) and *why names both call numbers and
+// both operation numbers; peer is the rank that sent `theirs`.
+bool pairInStep(const PairHeader& mine, const PairHeader& theirs, int peer, std::string* why);
+// Whether the call values of a pair agree; when they do not, *why names the first value that
+// differs and both ranks' values.
+bool valuesAgree(const std::vector<AgreeValue>& mine, const std::vector<uint64_t>& theirs, int me,
+                 int peer, std::string* why);
+
 bool encodeVerdict(const Verdict& v, void* buf, size_t cap, size_t* len);
 bool decodeVerdict(const void* buf, size_t len, Verdict* v);
 

@@ -15,8 +15,11 @@ void OpRunner::buildHeaders() {
     involved_[p] = true;
     PairHeader& h = mine_[p];
     h.kind = op_.kind;
+    h.call = c_.callSeq();
     h.seq = c_.nextPairSeq(p);
     h.status = op_.argStatus;
+    if (c_.opsInCall() == 0)
+      for (const AgreeValue& v : c_.callAgreement()) h.agree.push_back(v.value);
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
     for (const auto& r : op_.peers[p].recvs) {
       uint64_t token = kStagedToken;
@@ -60,6 +63,7 @@ void OpRunner::buildHeaders() {
     h.recvExtents.clear();
     h.sendTokens.clear();
     h.sendExtents.clear();
+    h.agree.clear();
   }
 }
 
@@ -148,7 +152,11 @@ void OpRunner::checkPairs() {
       continue;
     }
     const PairHeader &m = mine_[p], &t = theirs_[p];
-    if (t.kind != m.kind || t.seq != m.seq) {
+    std::string why;
+    if (!pairInStep(m, t, p, &why)) {
+      state_[p] = PairState::Skew;
+      pairMsg_[p] = why;
+    } else if (t.kind != m.kind) {
       state_[p] = PairState::Mismatch;
       pairMsg_[p] = "rank " + std::to_string(p) + " is in a different call (call #" +
                     std::to_string(t.seq) + " of kind " + std::to_string((int)t.kind) +
@@ -159,6 +167,11 @@ void OpRunner::checkPairs() {
     } else if (t.status != fuscoSuccess) {
       state_[p] = PairState::PeerBad;
       pairMsg_[p] = "rank " + std::to_string(p) + " passed invalid arguments";
+    } else if ((!m.agree.empty() || !t.agree.empty()) &&
+               !valuesAgree(m.agree.empty() ? std::vector<AgreeValue>() : c_.callAgreement(),
+                            t.agree, me_, p, &why)) {
+      state_[p] = PairState::Mismatch;
+      pairMsg_[p] = why;
     } else if (m.sendBytes != t.recvBytes || m.recvBytes != t.sendBytes) {
       state_[p] = PairState::Mismatch;
       auto str = [](const std::vector<uint64_t>& v) {
@@ -232,6 +245,39 @@ fuscoResult_t OpRunner::verdictRound(Verdict* first) {
       *first = verdicts_[r];
       break;
     }
+  return fuscoSuccess;
+}
+
+// A collective operation with a verdict round: every rank learns whether the call failed anywhere,
+// so all of them fail it together (validation: no data moved, the comm stays usable).
+fuscoResult_t OpRunner::decideCollective() {
+  Verdict first;
+  FUSCO_CHECK(verdictRound(&first));
+  if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
+  if (first.status == fuscoSuccess) return fuscoSuccess;
+  for (int p = 0; p < n_; ++p)
+    if (state_[p] == PairState::Mismatch)
+      return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);
+  return validationError(
+      first.status == fuscoInvalidArgument ? fuscoInvalidUsage : fuscoRemoteError, "%s",
+      std::string(op_.name) + " failed on rank " + std::to_string(first.culprit) + ": " +
+          first.message);
+}
+
+// A later operation of a call every rank already validated has no verdict round. A rank that
+// failed since (its own status) is in every peer's header, so every rank stops before data moves,
+// as after a verdict. A pair mismatch is seen by that pair only: the other ranks would move data
+// and wait on rows the pair never sends, so it is no agreed failure and breaks the communicator.
+fuscoResult_t OpRunner::decideAgreed() {
+  if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
+  for (int p = 0; p < n_; ++p)
+    if (state_[p] == PairState::PeerBad)
+      return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);
+  for (int p = 0; p < n_; ++p)
+    if (state_[p] == PairState::Mismatch)
+      return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                        "%s: %s (after the call was validated on every rank)", op_.name,
+                        pairMsg_[p].c_str());
   return fuscoSuccess;
 }
 

@@ -20,7 +20,8 @@ int64_t paramSpinBeforeYield();
 // FUSCO_SHM_DIRECT (engine.cc): 1 writes straight into a peer's arena buffer when it is one.
 int64_t paramShmDirect();
 
-enum class PairState { Ok, SelfBad, PeerBad, Mismatch };
+// Skew: the pair is in two different calls (or operations): the ranks are out of step.
+enum class PairState { Ok, SelfBad, PeerBad, Mismatch, Skew };
 
 struct SendCursor {
   size_t msg = 0, off = 0;
@@ -61,6 +62,8 @@ class OpRunner {
   void checkPairs();
   void offerSends(int p, PairHeader* h);
   fuscoResult_t verdictRound(Verdict* first);
+  fuscoResult_t decideCollective();
+  fuscoResult_t decideAgreed();
   fuscoResult_t dataPhase();
   fuscoResult_t stepSend(int p, bool* progressed);
   fuscoResult_t stepRecv(int p, bool* progressed);

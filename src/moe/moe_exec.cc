@@ -52,6 +52,7 @@ fuscoResult_t moeCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt
                          const float* topkWeights, void* out, const ArgCheck& a, void* stream) {
   Communicator& c = *h.comm;
   const bool onDevice = c.memType() == fuscoMemCuda;
+  c.agreeInCall(combineAgreement(dt, hidden));
   MoeWork work(c.nranks());
   if (onDevice)
     FUSCO_CHECK(deviceCombine(h, expertOut, dt, hidden, topkWeights, out, a, stream, &work.peers));

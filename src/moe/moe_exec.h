@@ -61,6 +61,13 @@ fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream);
 // *b instead of failing, so this rank still takes part in the remaining exchanges.
 fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
                             std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b);
+// What every rank must pass alike (call_agreement.cc), carried by the call's first operation
+// (Communicator::agreeInCall). The plan's resolved config: dedup, numExperts, a digest of the
+// placement and expertAlignment (balance matters under NODE dedup only, where the node counts
+// exchange agrees on it with FUSCO_BALANCE_SLACK). Combine's datatype and hidden size.
+std::vector<AgreeValue> planAgreement(const MoeHandle& h);
+std::vector<AgreeValue> combineAgreement(fuscoDataType_t dt, size_t hidden);
+
 // NODE dedup's fan-row exchange between the ranks of a node: the RANK fan rows, then those of
 // every forwarded segment, so sources and forwarders can write final rows directly.
 fuscoResult_t exchangeNodeFanRows(MoeHandle& h, const ArgCheck& a);

@@ -100,6 +100,7 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
   Communicator& c = *h->comm;
   topkIdx = routingOnHost(*h, topkIdx, stream, &a);
   planLocal(config, topkIdx, &a, h);
+  if (a.ok()) c.agreeInCall(planAgreement(*h));
   std::vector<std::vector<int32_t>> metaFrom;
   ArgCheck b;
   if (a.ok() && h->dedup == Dedup::Node)

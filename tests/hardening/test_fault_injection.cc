@@ -226,4 +226,23 @@ TEST(FaultSpecParse, RejectsMalformedSpecsButKeepsTheGoodOnes) {
   }
 }
 
+// oom (a shortage after K operations of the call): K defaults to 1, 0 is before the first; it
+// applies to engine phases only.
+TEST(FaultSpecParse, AcceptsOomWithAnOperationCountAndRejectsItAtBootstrap) {
+  std::vector<FaultSpec> v;
+  std::string err;
+  ASSERT_TRUE(fusco::faultParse("oom:plan:rank=2:ops=3; oom:combine:rank=1", &v, &err)) << err;
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].action, FaultAction::Oom);
+  EXPECT_EQ(v[0].phase, FaultPhase::Plan);
+  EXPECT_EQ(v[0].ops, 3);
+  EXPECT_EQ(v[1].ops, 1);
+  for (const char* bad :
+       {"oom:bootstrap:rank=0", "oom:plan:rank=1:ops=-1", "oom:plan:rank=1:ops="}) {
+    v.clear();
+    EXPECT_FALSE(fusco::faultParse(bad, &v, &err)) << bad;
+    EXPECT_TRUE(v.empty()) << bad;
+  }
+}
+
 }  // namespace

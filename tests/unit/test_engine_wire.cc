@@ -2,6 +2,7 @@
 // send offers of pull operations included, and malformed or truncated headers are refused.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "engine/engine_wire.h"
@@ -12,17 +13,20 @@ namespace {
 PairHeader sample() {
   PairHeader h;
   h.kind = OpKind::Moe;
+  h.call = 0xfedcba987ull;
   h.seq = 0x123456789abcull;
   h.status = 7;
   h.sendBytes = {14336, 0, 28672};
   h.recvBytes = {4096, 8192};
   h.recvTokens = {kStagedToken, 42};
   h.recvExtents = {4096, 8192 | kLayoutSharedBit};
+  h.agree = {9, 16};
   return h;
 }
 
 void expectSame(const PairHeader& a, const PairHeader& b) {
   EXPECT_EQ(a.kind, b.kind);
+  EXPECT_EQ(a.call, b.call);
   EXPECT_EQ(a.seq, b.seq);
   EXPECT_EQ(a.status, b.status);
   EXPECT_EQ(a.sendBytes, b.sendBytes);
@@ -31,6 +35,7 @@ void expectSame(const PairHeader& a, const PairHeader& b) {
   EXPECT_EQ(a.recvExtents, b.recvExtents);
   EXPECT_EQ(a.sendTokens, b.sendTokens);
   EXPECT_EQ(a.sendExtents, b.sendExtents);
+  EXPECT_EQ(a.agree, b.agree);
 }
 
 TEST(EngineWire, HeaderRoundTripsWithoutAndWithPullOffers) {
@@ -75,6 +80,38 @@ TEST(EngineWire, HeaderWithMismatchedOffersOrTruncatedIsRefused) {
     EXPECT_FALSE(decodeHeader(buf.data(), cut, &back)) << "cut at " << cut;
   // A slot too small to hold the header: encoding says so instead of writing past it.
   EXPECT_FALSE(encodeHeader(h, buf.data(), len - 1, &len));
+}
+
+// Two ranks a call apart (one left a call early) must never pair: the message names both call
+// numbers and both operation numbers.
+TEST(EngineWire, HeadersOfDifferentCallsAreOutOfStepNamingBothNumbers) {
+  PairHeader mine = sample(), theirs = sample();
+  std::string why;
+  EXPECT_TRUE(pairInStep(mine, theirs, 2, &why));
+  mine.call = 4, mine.seq = 17;
+  theirs.call = 5, theirs.seq = 17;
+  ASSERT_FALSE(pairInStep(mine, theirs, 2, &why));
+  for (const char* part : {"rank 2", "call #5", "call #4", "operation #17"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
+  theirs.call = 4, theirs.seq = 18;
+  ASSERT_FALSE(pairInStep(mine, theirs, 2, &why));
+  EXPECT_NE(why.find("operation #18"), std::string::npos) << why;
+  EXPECT_NE(why.find("operation #17"), std::string::npos) << why;
+}
+
+// Call values that differ name the first differing value, both ranks and both values.
+TEST(EngineWire, DifferingCallValuesNameTheValueBothRanksAndBothValues) {
+  auto name = [](uint64_t v) { return "type" + std::to_string(v); };
+  const std::vector<AgreeValue> mine = {{"datatype", 7, name}, {"hidden", 16}};
+  std::string why;
+  EXPECT_TRUE(valuesAgree(mine, {7, 16}, 0, 3, &why));
+  ASSERT_FALSE(valuesAgree(mine, {7, 8}, 0, 3, &why));
+  for (const char* part : {"hidden", "rank 3 passed 8", "rank 0 passed 16"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in: " << why;
+  ASSERT_FALSE(valuesAgree(mine, {9, 8}, 0, 3, &why));
+  EXPECT_NE(why.find("datatype differs"), std::string::npos) << why;
+  EXPECT_NE(why.find("type9"), std::string::npos) << why;
+  EXPECT_FALSE(valuesAgree(mine, {7}, 0, 3, &why));
 }
 
 }  // namespace
