@@ -183,13 +183,14 @@ enum {
 typedef struct {
   size_t size;
   unsigned int magic;
-  unsigned int version; /* FUSCO_MOE_CONFIG_INITIALIZER */
-  int numExperts;
+  unsigned int version;    /* FUSCO_MOE_CONFIG_INITIALIZER */
+  int numExperts;          /* [1, 1048576] */
   const int* expertToRank; /* [numExperts] placement, host array, same on every rank; NULL:
                               contiguous blocks of numExperts/nranks */
   int dedup;               /* AUTO: NODE when numNodes > 1, else RANK */
   int balance;             /* AUTO: the best available */
-  int expertAlignment;     /* pad each local expert's block to a multiple of this many rows */
+  int expertAlignment;     /* pad each local expert's block to a multiple of this many rows;
+                              [0, 65536], 0 or 1: no padding */
 } fuscoMoeConfig_t;
 
 #define FUSCO_MOE_CONFIG_MAGIC 0xf05c0e0fu

@@ -28,8 +28,14 @@ void checkMoeConfig(const fuscoMoeConfig_t* cfg, ArgCheck* a) {
     a->fail("fuscoMoePlan: config.dedup %d is not a FUSCO_DEDUP_* value", cfg->dedup);
   if (cfg->balance < FUSCO_BALANCE_AUTO || cfg->balance > FUSCO_BALANCE_GREEDY)
     a->fail("fuscoMoePlan: config.balance %d is not a FUSCO_BALANCE_* value", cfg->balance);
-  if (cfg->expertAlignment < 0)
-    a->fail("fuscoMoePlan: config.expertAlignment %d must be >= 0", cfg->expertAlignment);
+  if (cfg->numExperts < 1 || cfg->numExperts > kMaxExperts)
+    a->fail("fuscoMoePlan: config.numExperts %d outside the supported range [1, %d]",
+            cfg->numExperts, kMaxExperts);
+  if (cfg->expertAlignment < 0 || cfg->expertAlignment > kMaxExpertAlignment)
+    a->fail(
+        "fuscoMoePlan: config.expertAlignment %d outside the supported range [0, %d] (0 or 1: "
+        "no padding)",
+        cfg->expertAlignment, kMaxExpertAlignment);
 }
 
 ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size_t rowBytes,

@@ -211,7 +211,9 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*)
 fuscoResult_t deviceStorePointers(const char**, const char* const*, size_t, void*) {
   return notBuilt();
 }
-fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
+fuscoResult_t deviceZeroRowRanges(void*, size_t, const int64_t*, size_t, int64_t, void*) {
+  return notBuilt();
+}
 
 #endif
 
