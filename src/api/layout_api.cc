@@ -15,6 +15,7 @@ struct fuscoLayout {
   fuscoComm_t comm = nullptr;
   fusco::LayoutPlan plan;
 };
+  uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
 
 namespace {
 
@@ -52,18 +53,20 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
   });
 }
 
+    l->commSerial = commSerial(comm);
 fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t layout,
                            void* stream) {
-  fuscoComm_t comm = layout ? layout->comm : nullptr;
+  fuscoComm_t comm = liveCommOf(ObjectKind::Layout, layout);
   return guarded(comm, "fuscoShuffle", [&]() -> fuscoResult_t {
-    if (layout == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoShuffle: layout is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::Layout, layout, "fuscoShuffle"));
+    FUSCO_CHECK(checkOwnerComm(comm, layout, "fuscoShuffle"));
     FUSCO_CHECK(checkComm(comm, "fuscoShuffle"));
     ArgCheck a;
     checkStream(comm, stream, "fuscoShuffle", &a);
     checkDevicePtr(comm, sendbuff, "fuscoShuffle", "sendbuff", &a);
     checkDevicePtr(comm, recvbuff, "fuscoShuffle", "recvbuff", &a);
     LayoutPlan& plan = layout->plan;
+    registerObject(ObjectKind::Layout, l.get());
     const size_t sendTotal = plan.totalSendRows(), recvTotal = plan.totalRecvRows();
     if (sendTotal > 0 && sendbuff == nullptr)
       a.fail("fuscoShuffle: sendbuff is NULL with %zu rows to send", sendTotal);
@@ -75,8 +78,12 @@ fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t l
 
 fuscoResult_t fuscoLayoutDestroy(fuscoLayout_t layout) {
   return guarded(nullptr, "fuscoLayoutDestroy", [&]() -> fuscoResult_t {
-    if (layout == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoLayoutDestroy: layout is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::Layout, layout, "fuscoLayoutDestroy"));
+    // Only the call that takes it out of the registry frees it: a second destroy fails above.
+    if (!unregisterObject(ObjectKind::Layout, layout))
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoLayoutDestroy: %p is not a live layout (destroyed or never created)",
+                        static_cast<void*>(layout));
     delete layout;
     return fuscoSuccess;
   });

@@ -9,6 +9,7 @@
 struct fuscoMoeHandle {
   fuscoComm_t comm = nullptr;
   fusco::MoeHandle impl;
+  uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
 };
 
 using namespace fusco;
@@ -97,27 +98,29 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
   });
 }
 
+    h->commSerial = commSerial(comm);
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
-  fuscoComm_t comm = handle ? handle->comm : nullptr;
+  fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
   return guarded(comm, "fuscoMoeDispatch", [&]() -> fuscoResult_t {
-    if (handle == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeDispatch: handle is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeDispatch"));
+    FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::Dispatch));
     MoeHandle& h = handle->impl;
     const ArgCheck a = checkDispatch(comm, h, x, rowBytes, recvX, stream);
     return moeDispatch(h, x, rowBytes, recvX, a, stream);
+    registerObject(ObjectKind::MoeHandle, h.get());
   });
 }
 
 fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream) {
-  fuscoComm_t comm = handle ? handle->comm : nullptr;
+  fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
   return guarded(comm, "fuscoMoeCombine", [&]() -> fuscoResult_t {
-    if (handle == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeCombine: handle is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeCombine"));
+    FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::Combine));
     MoeHandle& h = handle->impl;
@@ -132,9 +135,9 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
 fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows,
                                     int64_t* tokensPerLocalExpert) {
   return guarded(nullptr, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
-    if (handle == nullptr || numRecvRows == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                        "fuscoMoeGetRecvCounts: handle and numRecvRows must be non-NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
+    if (numRecvRows == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
     const MoeRecvPlan& recv = handle->impl.recv;
     *numRecvRows = recv.numRecvRows;
     if (tokensPerLocalExpert != nullptr)
@@ -146,9 +149,9 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
 
 fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) {
   return guarded(nullptr, "fuscoMoeGetStats", [&]() -> fuscoResult_t {
-    if (handle == nullptr || stats == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                        "fuscoMoeGetStats: handle and stats must be non-NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeGetStats"));
+    if (stats == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetStats: stats is NULL");
     if (stats->size != sizeof(fuscoMoeStats_t))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetStats: stats->size is %zu, expected %zu", stats->size,
@@ -161,8 +164,13 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
   return guarded(nullptr, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
-    if (handle == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeHandleDestroy: handle is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
+    // Only the call that takes it out of the registry frees it: a second destroy fails above.
+    if (!unregisterObject(ObjectKind::MoeHandle, handle))
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoMoeHandleDestroy: %p is not a live MoE handle (destroyed or never "
+                        "created)",
+                        static_cast<void*>(handle));
     delete handle;
     return fuscoSuccess;
   });
