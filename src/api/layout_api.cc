@@ -1,11 +1,13 @@
 // Layout descriptors: validated once (counts pairwise, receive rows written at most once) by
 // fuscoLayoutCreate, then run many times by fuscoShuffle. Rows are gathered straight from the
 // send buffer and scattered straight into their final rows; no permuted copy is built.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "api/api_internal.h"
+#include "core/checked_math.h"
 #include "engine/layout_op.h"
 #include "plan/layout_check.h"
 
@@ -13,9 +15,9 @@ using namespace fusco;
 
 struct fuscoLayout {
   fuscoComm_t comm = nullptr;
+  uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
   fusco::LayoutPlan plan;
 };
-  uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
 
 namespace {
 
@@ -24,6 +26,19 @@ void splitRows(const size_t counts[], const int64_t* rows, int n, const char* wh
                std::vector<std::vector<int64_t>>* out, ArgCheck* a) {
   std::string msg;
   if (!splitLayoutRows(counts, rows, n, what, out, &msg)) a->fail("%s", msg.c_str());
+}
+
+// Every row index times rowBytes must be a byte offset that fits: a wrapped one would name
+// another row.
+void checkRowExtent(const std::vector<std::vector<int64_t>>& lists, size_t rowBytes,
+                    const char* what, ArgCheck* a) {
+  int64_t top = -1;
+  for (const auto& l : lists)
+    for (int64_t r : l) top = std::max(top, r);
+  size_t end = 0;
+  if (top >= 0 && !checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end))
+    a->fail("fuscoLayoutCreate: %s row %lld x rowBytes %zu overflows a byte offset", what,
+            static_cast<long long>(top), rowBytes);
 }
 
 }  // namespace
@@ -38,6 +53,7 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     int n = comm->impl->nranks();
     std::unique_ptr<fuscoLayout> l(new fuscoLayout());
     l->comm = comm;
+    l->commSerial = commSerial(comm);
     LayoutPlan& plan = l->plan;
     plan.rowBytes = rowBytes;
     ArgCheck a;
@@ -45,15 +61,17 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     if (rowBytes == 0) a.fail("fuscoLayoutCreate: rowBytes is 0");
     splitRows(sendCounts, sendRows, n, "send", &plan.sendRows, &a);
     splitRows(recvCounts, recvRows, n, "recv", &plan.recvRows, &a);
+    if (a.ok() && rowBytes > 0) checkRowExtent(plan.sendRows, rowBytes, "send", &a);
+    if (a.ok() && rowBytes > 0) checkRowExtent(plan.recvRows, rowBytes, "recv", &a);
     std::string msg;
     if (a.ok() && !checkUniqueRecvRows(plan.recvRows, &msg)) a.fail("%s", msg.c_str());
     FUSCO_CHECK(plan.create(*comm->impl, a));
+    registerObject(ObjectKind::Layout, l.get());
     *layout = l.release();
     return fuscoSuccess;
   });
 }
 
-    l->commSerial = commSerial(comm);
 fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t layout,
                            void* stream) {
   fuscoComm_t comm = liveCommOf(ObjectKind::Layout, layout);
@@ -66,7 +84,6 @@ fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t l
     checkDevicePtr(comm, sendbuff, "fuscoShuffle", "sendbuff", &a);
     checkDevicePtr(comm, recvbuff, "fuscoShuffle", "recvbuff", &a);
     LayoutPlan& plan = layout->plan;
-    registerObject(ObjectKind::Layout, l.get());
     const size_t sendTotal = plan.totalSendRows(), recvTotal = plan.totalRecvRows();
     if (sendTotal > 0 && sendbuff == nullptr)
       a.fail("fuscoShuffle: sendbuff is NULL with %zu rows to send", sendTotal);

@@ -4,12 +4,13 @@
 #include <memory>
 
 #include "api/api_internal.h"
+#include "core/checked_math.h"
 #include "moe/moe.h"
 
 struct fuscoMoeHandle {
   fuscoComm_t comm = nullptr;
-  fusco::MoeHandle impl;
   uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
+  fusco::MoeHandle impl;
 };
 
 using namespace fusco;
@@ -44,6 +45,13 @@ ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size
   ArgCheck a;
   checkStream(comm, stream, "fuscoMoeDispatch", &a);
   if (rowBytes == 0) a.fail("fuscoMoeDispatch: rowBytes is 0");
+  size_t bytes = 0;
+  if (!checkedMul(h.recv.numRecvRows, rowBytes, &bytes) ||
+      !checkedMul(h.numTokens, rowBytes, &bytes))
+    a.fail(
+        "fuscoMoeDispatch: rowBytes %zu x %zu received rows (or %zu tokens) overflows a byte "
+        "size",
+        rowBytes, h.recv.numRecvRows, h.numTokens);
   if (x == nullptr && h.rowsToSend() > 0)
     a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", h.rowsToSend());
   if (recvX == nullptr && h.recv.numRecvRows > 0)
@@ -60,6 +68,14 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
   if (dt != fuscoFloat32 && dt != fuscoBfloat16 && dt != fuscoFloat16)
     a.fail("fuscoMoeCombine: datatype %d is not fuscoFloat32, fuscoBfloat16 or fuscoFloat16", dt);
   if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
+  size_t row = 0, bytes = 0;
+  const size_t es = dataTypeSize(static_cast<fuscoDataType_t>(a.ok() ? dt : fuscoFloat32));
+  if (!checkedMul(hidden, es, &row) || !checkedMul(h.recv.numRecvRows, row, &bytes) ||
+      !checkedMul(h.numTokens, row, &bytes))
+    a.fail(
+        "fuscoMoeCombine: hidden %zu x %zu-byte elements x %zu rows (or %zu tokens) overflows "
+        "a byte size",
+        hidden, es, h.recv.numRecvRows, h.numTokens);
   if (expertOut == nullptr && h.recv.numRecvRows > 0)
     a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", h.recv.numRecvRows);
   if (out == nullptr && h.numTokens > 0)
@@ -82,6 +98,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
     FUSCO_CHECK(injectFault(comm, FaultPhase::Plan));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
     h->comm = comm;
+    h->commSerial = commSerial(comm);
     h->impl.comm = comm->impl.get();
     h->impl.numTokens = numTokens;
     h->impl.topk = topk;
@@ -93,12 +110,12 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
       a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
     checkDevicePtr(comm, topkIdx, "fuscoMoePlan", "topkIdx", &a);
     FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
+    registerObject(ObjectKind::MoeHandle, h.get());
     *handle = h.release();
     return fuscoSuccess;
   });
 }
 
-    h->commSerial = commSerial(comm);
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
   fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
@@ -110,7 +127,6 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
     MoeHandle& h = handle->impl;
     const ArgCheck a = checkDispatch(comm, h, x, rowBytes, recvX, stream);
     return moeDispatch(h, x, rowBytes, recvX, a, stream);
-    registerObject(ObjectKind::MoeHandle, h.get());
   });
 }
 
