@@ -4,6 +4,10 @@
  * Every function returns fuscoResult_t, never throws, never calls exit()/abort(), and never writes
  * an out-parameter on failure. A pointer argument may be NULL exactly when nothing is read or
  * written through it. fuscoGetLastError() returns a message describing the last failure.
+ * A count times its element or row size (and a sum of counts) that does not fit in size_t is
+ * fuscoInvalidArgument, never a wrapped size. A layout or MoE handle that was destroyed or never
+ * created is fuscoInvalidArgument in every call that takes it (destroying one twice included); one
+ * whose communicator was destroyed fails every call but its own destroy, which still frees it.
  *
  * Thread safety: distinct communicators may be used concurrently from different threads. One
  * communicator must not be used by two threads at the same time (calls on it are serialized by
@@ -136,17 +140,24 @@ fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle);
  * comms `stream` must be NULL and the call returns when the data is in place on this rank. */
 
 /* ---------------------------------------------------------------- NCCL-compatible all-to-all */
-/* count elements to and from every rank; block j of sendbuff goes to rank j. */
+/* count elements to and from every rank; block j of sendbuff goes to rank j. In place when
+ * sendbuff == recvbuff (like MPI_IN_PLACE; the send side is copied first: a host allocation, or
+ * the comm's scratch on the stream for a CUDA comm); buffers that overlap otherwise are
+ * fuscoInvalidArgument. */
 fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             fuscoDataType_t datatype, fuscoComm_t comm, void* stream);
 /* MPI_Alltoallv semantics; counts and displacements in elements, host arrays of nranks entries;
- * sendcounts[j] on rank i must equal recvcounts[i] on rank j, else fuscoInvalidUsage on both. */
+ * sendcounts[j] on rank i must equal recvcounts[i] on rank j, else fuscoInvalidUsage on both.
+ * A send range that overlaps a receive range of the same call is fuscoInvalidArgument. */
 fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[],
                              const size_t sdispls[], void* recvbuff, const size_t recvcounts[],
                              const size_t rdispls[], fuscoDataType_t datatype, fuscoComm_t comm,
                              void* stream);
 /* Inside a group every call is collected and executed together at fuscoGroupEnd (sends to peer
- * p match receives from p in call order). Outside a group each call runs on its own. */
+ * p match receives from p in call order). Outside a group each call runs on its own. Within one
+ * group on one comm a send range that overlaps a receive range is fuscoInvalidArgument at
+ * fuscoGroupEnd (row lists are compared row by row on host comms; a CUDA comm's row lists live on
+ * the device and are not read for this). */
 fuscoResult_t fuscoGroupStart(void);
 fuscoResult_t fuscoGroupEnd(void);
 fuscoResult_t fuscoSend(const void* sendbuff, size_t count, fuscoDataType_t datatype, int peer,
@@ -183,13 +194,14 @@ enum {
 typedef struct {
   size_t size;
   unsigned int magic;
-  unsigned int version; /* FUSCO_MOE_CONFIG_INITIALIZER */
-  int numExperts;
+  unsigned int version;    /* FUSCO_MOE_CONFIG_INITIALIZER */
+  int numExperts;          /* [1, 1048576] */
   const int* expertToRank; /* [numExperts] placement, host array, same on every rank; NULL:
                               contiguous blocks of numExperts/nranks */
   int dedup;               /* AUTO: NODE when numNodes > 1, else RANK */
   int balance;             /* AUTO: the best available */
-  int expertAlignment;     /* pad each local expert's block to a multiple of this many rows */
+  int expertAlignment;     /* pad each local expert's block to a multiple of this many rows;
+                              [0, 65536], 0 or 1: no padding */
 } fuscoMoeConfig_t;
 
 #define FUSCO_MOE_CONFIG_MAGIC 0xf05c0e0fu

@@ -1,5 +1,6 @@
 #include <sched.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -10,15 +11,25 @@ namespace fusco {
 
 namespace {
 std::mutex gCommsMu;
-std::set<fuscoComm_t>& liveComms() {
-  static std::set<fuscoComm_t>* s = new std::set<fuscoComm_t>();
+// Each live comm with its serial number: a handle remembers its comm's serial, so a comm created
+// later at the same address is not taken for the one the handle was made on.
+std::map<fuscoComm_t, uint64_t>& liveComms() {
+  static std::map<fuscoComm_t, uint64_t>* s = new std::map<fuscoComm_t, uint64_t>();
   return *s;
+}
+uint64_t gNextSerial = 1;
+
+// Live MoE handles and layouts, one set per kind (a layout passed as a handle is not live).
+std::mutex gObjectsMu;
+std::set<const void*>& liveObjects(ObjectKind kind) {
+  static std::set<const void*>* s = new std::set<const void*>[2];
+  return s[kind == ObjectKind::Layout ? 1 : 0];
 }
 }  // namespace
 
 void registerComm(fuscoComm_t comm) {
   std::lock_guard<std::mutex> g(gCommsMu);
-  liveComms().insert(comm);
+  liveComms()[comm] = gNextSerial++;
 }
 
 void unregisterComm(fuscoComm_t comm) {
@@ -28,6 +39,36 @@ void unregisterComm(fuscoComm_t comm) {
   }
   // Calls still inside this comm (another thread, woken by an abort) leave within one poll.
   while (comm->impl->activeCalls.load() > 0) sched_yield();
+}
+
+uint64_t commSerial(fuscoComm_t comm) {
+  std::lock_guard<std::mutex> g(gCommsMu);
+  auto it = liveComms().find(comm);
+  return it == liveComms().end() ? 0 : it->second;
+}
+
+void registerObject(ObjectKind kind, const void* obj) {
+  std::lock_guard<std::mutex> g(gObjectsMu);
+  liveObjects(kind).insert(obj);
+}
+
+bool unregisterObject(ObjectKind kind, const void* obj) {
+  std::lock_guard<std::mutex> g(gObjectsMu);
+  return liveObjects(kind).erase(obj) != 0;
+}
+
+bool objectIsLive(ObjectKind kind, const void* obj) {
+  std::lock_guard<std::mutex> g(gObjectsMu);
+  return obj != nullptr && liveObjects(kind).count(obj) != 0;
+}
+
+fuscoResult_t checkObject(ObjectKind kind, const void* obj, const char* fn) {
+  const char* what = kind == ObjectKind::Layout ? "layout" : "MoE handle";
+  if (obj == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: %s is NULL", fn, what);
+  if (!objectIsLive(kind, obj))
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "%s: %p is not a live %s (destroyed or never created)", fn, obj, what);
+  return fuscoSuccess;
 }
 
 bool pinComm(fuscoComm_t comm) {

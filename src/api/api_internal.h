@@ -27,6 +27,36 @@ bool commIsLive(fuscoComm_t comm);
 // underneath; false if comm is not live.
 bool pinComm(fuscoComm_t comm);
 void unpinComm(fuscoComm_t comm);
+// The serial number the live comm was registered with (never reused), or 0 when comm is not live.
+uint64_t commSerial(fuscoComm_t comm);
+
+// MoE handles and layouts are guarded like communicators: every entry point checks that the
+// pointer it was given is one the library made and has not destroyed yet.
+enum class ObjectKind { MoeHandle, Layout };
+void registerObject(ObjectKind kind, const void* obj);
+// Removes obj from the registry; false when it was not live (destroyed already, or never made).
+bool unregisterObject(ObjectKind kind, const void* obj);
+bool objectIsLive(ObjectKind kind, const void* obj);
+// fuscoInvalidArgument naming fn unless obj is a live object of that kind.
+fuscoResult_t checkObject(ObjectKind kind, const void* obj, const char* fn);
+
+// The comm of a live handle or layout `obj` while that comm is still the one it was made on;
+// nullptr otherwise (obj not live, or its comm destroyed). Reads obj only when it is live.
+template <typename Obj>
+fuscoComm_t liveCommOf(ObjectKind kind, const Obj* obj) {
+  if (!objectIsLive(kind, obj)) return nullptr;
+  return commSerial(obj->comm) == obj->commSerial ? obj->comm : nullptr;
+}
+
+// fuscoInvalidArgument naming fn when the comm a live handle or layout was made on is gone.
+inline fuscoResult_t checkOwnerComm(fuscoComm_t comm, const void* obj, const char* fn) {
+  if (comm != nullptr) return fuscoSuccess;
+  return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                    "%s: the communicator that %p was made on has been destroyed; only its "
+                    "destroy call is still valid",
+                    fn, obj);
+}
+
 // fuscoInvalidArgument unless comm is a live communicator.
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn);
 // Records the thread's last error on the communicator after a failed call.

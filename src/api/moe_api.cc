@@ -4,10 +4,12 @@
 #include <memory>
 
 #include "api/api_internal.h"
+#include "core/checked_math.h"
 #include "moe/moe.h"
 
 struct fuscoMoeHandle {
   fuscoComm_t comm = nullptr;
+  uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
   fusco::MoeHandle impl;
 };
 
@@ -28,8 +30,14 @@ void checkMoeConfig(const fuscoMoeConfig_t* cfg, ArgCheck* a) {
     a->fail("fuscoMoePlan: config.dedup %d is not a FUSCO_DEDUP_* value", cfg->dedup);
   if (cfg->balance < FUSCO_BALANCE_AUTO || cfg->balance > FUSCO_BALANCE_GREEDY)
     a->fail("fuscoMoePlan: config.balance %d is not a FUSCO_BALANCE_* value", cfg->balance);
-  if (cfg->expertAlignment < 0)
-    a->fail("fuscoMoePlan: config.expertAlignment %d must be >= 0", cfg->expertAlignment);
+  if (cfg->numExperts < 1 || cfg->numExperts > kMaxExperts)
+    a->fail("fuscoMoePlan: config.numExperts %d outside the supported range [1, %d]",
+            cfg->numExperts, kMaxExperts);
+  if (cfg->expertAlignment < 0 || cfg->expertAlignment > kMaxExpertAlignment)
+    a->fail(
+        "fuscoMoePlan: config.expertAlignment %d outside the supported range [0, %d] (0 or 1: "
+        "no padding)",
+        cfg->expertAlignment, kMaxExpertAlignment);
 }
 
 ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size_t rowBytes,
@@ -37,6 +45,13 @@ ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size
   ArgCheck a;
   checkStream(comm, stream, "fuscoMoeDispatch", &a);
   if (rowBytes == 0) a.fail("fuscoMoeDispatch: rowBytes is 0");
+  size_t bytes = 0;
+  if (!checkedMul(h.recv.numRecvRows, rowBytes, &bytes) ||
+      !checkedMul(h.numTokens, rowBytes, &bytes))
+    a.fail(
+        "fuscoMoeDispatch: rowBytes %zu x %zu received rows (or %zu tokens) overflows a byte "
+        "size",
+        rowBytes, h.recv.numRecvRows, h.numTokens);
   if (x == nullptr && h.rowsToSend() > 0)
     a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", h.rowsToSend());
   if (recvX == nullptr && h.recv.numRecvRows > 0)
@@ -53,6 +68,14 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
   if (dt != fuscoFloat32 && dt != fuscoBfloat16 && dt != fuscoFloat16)
     a.fail("fuscoMoeCombine: datatype %d is not fuscoFloat32, fuscoBfloat16 or fuscoFloat16", dt);
   if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
+  size_t row = 0, bytes = 0;
+  const size_t es = dataTypeSize(static_cast<fuscoDataType_t>(a.ok() ? dt : fuscoFloat32));
+  if (!checkedMul(hidden, es, &row) || !checkedMul(h.recv.numRecvRows, row, &bytes) ||
+      !checkedMul(h.numTokens, row, &bytes))
+    a.fail(
+        "fuscoMoeCombine: hidden %zu x %zu-byte elements x %zu rows (or %zu tokens) overflows "
+        "a byte size",
+        hidden, es, h.recv.numRecvRows, h.numTokens);
   if (expertOut == nullptr && h.recv.numRecvRows > 0)
     a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", h.recv.numRecvRows);
   if (out == nullptr && h.numTokens > 0)
@@ -75,6 +98,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
     FUSCO_CHECK(injectFault(comm, FaultPhase::Plan));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
     h->comm = comm;
+    h->commSerial = commSerial(comm);
     h->impl.comm = comm->impl.get();
     h->impl.numTokens = numTokens;
     h->impl.topk = topk;
@@ -86,6 +110,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
       a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
     checkDevicePtr(comm, topkIdx, "fuscoMoePlan", "topkIdx", &a);
     FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
+    registerObject(ObjectKind::MoeHandle, h.get());
     *handle = h.release();
     return fuscoSuccess;
   });
@@ -93,10 +118,10 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
 
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
-  fuscoComm_t comm = handle ? handle->comm : nullptr;
+  fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
   return guarded(comm, "fuscoMoeDispatch", CallKind::Collective, [&]() -> fuscoResult_t {
-    if (handle == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeDispatch: handle is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeDispatch"));
+    FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::Dispatch));
     MoeHandle& h = handle->impl;
@@ -108,10 +133,10 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
 fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream) {
-  fuscoComm_t comm = handle ? handle->comm : nullptr;
+  fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
   return guarded(comm, "fuscoMoeCombine", CallKind::Collective, [&]() -> fuscoResult_t {
-    if (handle == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeCombine: handle is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeCombine"));
+    FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
     FUSCO_CHECK(injectFault(comm, FaultPhase::Combine));
     MoeHandle& h = handle->impl;
@@ -126,9 +151,9 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
 fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows,
                                     int64_t* tokensPerLocalExpert) {
   return guarded(nullptr, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
-    if (handle == nullptr || numRecvRows == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                        "fuscoMoeGetRecvCounts: handle and numRecvRows must be non-NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
+    if (numRecvRows == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
     const MoeRecvPlan& recv = handle->impl.recv;
     *numRecvRows = recv.numRecvRows;
     if (tokensPerLocalExpert != nullptr)
@@ -140,9 +165,9 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
 
 fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) {
   return guarded(nullptr, "fuscoMoeGetStats", [&]() -> fuscoResult_t {
-    if (handle == nullptr || stats == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                        "fuscoMoeGetStats: handle and stats must be non-NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeGetStats"));
+    if (stats == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetStats: stats is NULL");
     if (stats->size != sizeof(fuscoMoeStats_t))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetStats: stats->size is %zu, expected %zu", stats->size,
@@ -155,8 +180,13 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
   return guarded(nullptr, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
-    if (handle == nullptr)
-      return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeHandleDestroy: handle is NULL");
+    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
+    // Only the call that takes it out of the registry frees it: a second destroy fails above.
+    if (!unregisterObject(ObjectKind::MoeHandle, handle))
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoMoeHandleDestroy: %p is not a live MoE handle (destroyed or never "
+                        "created)",
+                        static_cast<void*>(handle));
     delete handle;
     return fuscoSuccess;
   });

@@ -130,6 +130,14 @@ fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void*
   return fuscoSuccess;
 }
 
+fuscoResult_t cudaCopyDeviceAsync(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return fuscoSuccess;
+  FUSCO_CUDACHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+      kEngine);
+  return fuscoSuccess;
+}
+
 void cudaDeviceSyncQuiet() {
   cudaDeviceSynchronize();
   cudaGetLastError();
@@ -196,6 +204,7 @@ bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamWriteFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t cudaCopyDeviceAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }
@@ -211,7 +220,9 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*)
 fuscoResult_t deviceStorePointers(const char**, const char* const*, size_t, void*) {
   return notBuilt();
 }
-fuscoResult_t deviceZeroRows(void*, size_t, const int64_t*, size_t, void*) { return notBuilt(); }
+fuscoResult_t deviceZeroRowRanges(void*, size_t, const int64_t*, size_t, int64_t, void*) {
+  return notBuilt();
+}
 
 #endif
 

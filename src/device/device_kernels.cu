@@ -291,10 +291,16 @@ __global__ void storePointersKernel(const __grid_constant__ PointerBatch b) {
   if (static_cast<int>(threadIdx.x) < b.n) b.dst[threadIdx.x] = b.p[threadIdx.x];
 }
 
-__global__ void zeroRowsKernel(char* base, uint64_t rowBytes, const int64_t* rows, uint64_t n) {
-  for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    char* r = base + static_cast<uint64_t>(rows[i]) * rowBytes;
-    for (uint64_t j = threadIdx.x; j < rowBytes; j += blockDim.x) r[j] = 0;
+// Padding: range i is (first row, row count) at ranges[2i]; blockIdx.y walks the ranges and the
+// x blocks share each range's bytes, so the work is spread whatever the number of ranges.
+__global__ void zeroRangesKernel(char* base, uint64_t rowBytes, const int64_t* ranges, uint64_t n) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.y; i < n; i += gridDim.y) {
+    char* r = base + static_cast<uint64_t>(ranges[2 * i]) * rowBytes;
+    const uint64_t bytes = static_cast<uint64_t>(ranges[2 * i + 1]) * rowBytes;
+    for (uint64_t j = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; j < bytes;
+         j += stride)
+      r[j] = 0;
   }
 }
 
@@ -402,11 +408,14 @@ fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, siz
   return fuscoSuccess;
 }
 
-fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n,
-                             void* stream) {
-  if (n == 0) return fuscoSuccess;
-  zeroRowsKernel<<<gridFor(n, 4), 128, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<char*>(base), rowBytes, rows, n);
+fuscoResult_t deviceZeroRowRanges(void* base, size_t rowBytes, const int64_t* ranges, size_t n,
+                                  int64_t longest, void* stream) {
+  if (n == 0 || longest <= 0) return fuscoSuccess;
+  constexpr unsigned kThreads = 128;
+  const uint64_t chunks = (static_cast<uint64_t>(longest) * rowBytes + kThreads - 1) / kThreads;
+  const dim3 grid(gridFor(chunks, 4), static_cast<unsigned>(std::min<size_t>(n, 65535)));
+  zeroRangesKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<char*>(base), rowBytes, ranges, n);
   return launchResult("launching the padding kernel");
 }
 

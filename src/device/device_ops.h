@@ -77,8 +77,9 @@ fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, siz
 // cuda_rt.cc, which every build compiles, so `fusco_info` lists it in builds without CUDA too.
 int64_t paramCudaSms();
 
-// Zero-fills rows[0..n) of base (rows of rowBytes).
-fuscoResult_t deviceZeroRows(void* base, size_t rowBytes, const int64_t* rows, size_t n,
-                             void* stream);
+// Zero-fills n ranges of rows of base (rows of rowBytes): ranges holds (first row, row count)
+// pairs in device memory; longest is the largest count (it sizes the grid).
+fuscoResult_t deviceZeroRowRanges(void* base, size_t rowBytes, const int64_t* ranges, size_t n,
+                                  int64_t longest, void* stream);
 
 }  // namespace fusco

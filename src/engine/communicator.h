@@ -56,6 +56,7 @@ enum ScratchSlot : int {
   kStagingScratch = 2,     // host MoE NODE dispatch: rows a forwarder or relay passes on
   kExpertCopyScratch = 3,  // CUDA MoE combine: a mappable copy of an unregistered expertOut
   kBasesScratch = 4,       // CUDA MoE combine: the ranks' mapped expertOut bases for the sum kernel
+  kInPlaceScratch = 5,     // CUDA in-place fuscoAllToAll: a copy of the send side
 };
 
 class Communicator {

@@ -33,8 +33,9 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
       r.extent = h.recv.numRecvRows * rowBytes;
       w.recvs.push_back(r);
     }
-    joinFailure(
-        deviceZeroRows(recvX, rowBytes, h.dev.paddingRows, h.recv.paddingRows.size(), stream), &a);
+    joinFailure(deviceZeroRowRanges(recvX, rowBytes, h.dev.paddingRanges, h.recv.padding.size(),
+                                    h.dev.paddingLongest, stream),
+                &a);
   }
   return runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true);
 }

@@ -1,6 +1,7 @@
 // The plan's index lists on the device for fuscoMemCuda comms: one packed upload per plan
 // (stream-ordered; dispatch and combine wait for it), including the terms of combine's sum at the
 // source in the fixed order of docs/API.md.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -73,7 +74,8 @@ fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
     rStart[p] = pk.take(h.recv.fanStart[p].size() * 4);
     rRows[p] = pk.take(h.recv.fanRows[p].size() * 8);
   }
-  const size_t pad = pk.take(h.recv.paddingRows.size() * 8);
+  static_assert(sizeof(RowRange) == 16, "a padding range is two int64s on the device");
+  const size_t pad = pk.take(h.recv.padding.size() * sizeof(RowRange));
   const size_t tstart = pk.take(st.start.size() * 4), trank = pk.take(st.rank.size() * 4);
   const size_t trow = pk.take(st.row.size() * 8), twt = pk.take(st.weight.size() * 8);
   const size_t tlast = pk.take(st.last.size());
@@ -86,7 +88,7 @@ fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
     put(host, rStart[p], h.recv.fanStart[p]);
     put(host, rRows[p], h.recv.fanRows[p]);
   }
-  put(host, pad, h.recv.paddingRows);
+  put(host, pad, h.recv.padding);
   put(host, tstart, st.start);
   put(host, trank, st.rank);
   put(host, trow, st.row);
@@ -104,7 +106,9 @@ fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
     dv.recvFanStart[p] = reinterpret_cast<const uint32_t*>(d + rStart[p]);
     dv.recvFanRows[p] = reinterpret_cast<const int64_t*>(d + rRows[p]);
   }
-  dv.paddingRows = reinterpret_cast<const int64_t*>(d + pad);
+  dv.paddingRanges = reinterpret_cast<const int64_t*>(d + pad);
+  dv.paddingLongest = 0;
+  for (const RowRange& r : h.recv.padding) dv.paddingLongest = std::max(dv.paddingLongest, r.count);
   dv.termStart = reinterpret_cast<const uint32_t*>(d + tstart);
   dv.termRank = reinterpret_cast<const uint32_t*>(d + trank);
   dv.termRow = reinterpret_cast<const int64_t*>(d + trow);

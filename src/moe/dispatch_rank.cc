@@ -23,8 +23,8 @@ void addRankDispatch(const MoeHandle& h, int p, const void* x, size_t rowBytes, 
 }
 
 void zeroPaddingRows(const MoeHandle& h, size_t rowBytes, void* recvX) {
-  for (int64_t row : h.recv.paddingRows)
-    memset(static_cast<char*>(recvX) + row * rowBytes, 0, rowBytes);
+  for (const RowRange& r : h.recv.padding)
+    memset(static_cast<char*>(recvX) + r.start * rowBytes, 0, r.count * rowBytes);
 }
 
 fuscoResult_t hostDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX,

@@ -50,7 +50,8 @@ struct MoeHandle {
   struct DevicePlan {
     std::vector<const int64_t*> sendRows, remoteFanRows, recvFanRows;  // [nranks]
     std::vector<const uint32_t*> sendKStart, recvFanStart;             // [nranks]
-    const int64_t* paddingRows = nullptr;
+    const int64_t* paddingRanges = nullptr;  // (start, count) pairs of recv.padding
+    int64_t paddingLongest = 0;              // rows in the longest range
     // Combine's sum at the source (DevFinalSum): per token, expert-output rows grouped by rank.
     const uint32_t* termStart = nullptr;
     const uint32_t* termRank = nullptr;

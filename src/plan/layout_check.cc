@@ -5,6 +5,8 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "core/checked_math.h"
+
 namespace fusco {
 
 namespace {
@@ -29,7 +31,15 @@ bool splitLayoutRows(const size_t counts[], const int64_t* rows, int n, const ch
     return false;
   }
   size_t total = 0;
-  for (int p = 0; p < n; ++p) total += counts[p];
+  for (int p = 0; p < n; ++p) {
+    if (!checkedAdd(total, counts[p], &total) || total > SIZE_MAX / sizeof(int64_t)) {
+      *msg = format(
+          "fuscoLayoutCreate: the sum of %sCounts up to %sCounts[%d] = %zu overflows a "
+          "size",
+          what, what, p, counts[p]);
+      return false;
+    }
+  }
   if (total > 0 && rows == nullptr) {
     *msg = format("fuscoLayoutCreate: %sRows is NULL with %zu rows", what, total);
     return false;
@@ -75,6 +85,33 @@ bool checkRowIndices(const int64_t* rows, size_t nrows, bool unique, const char*
   auto dup = std::adjacent_find(sorted.begin(), sorted.end());
   if (dup == sorted.end()) return true;
   *msg = format("%s: receive row %lld appears more than once", fn, static_cast<long long>(*dup));
+  return false;
+}
+
+bool findSendRecvOverlap(const std::vector<ByteRange>& sends, const std::vector<ByteRange>& recvs,
+                         size_t* sendAt, size_t* recvAt) {
+  // Receive ranges by start; reach[i] is the one reaching furthest among the first i + 1, so a
+  // send range [b, e) overlaps something iff the furthest-reaching range starting before e ends
+  // after b.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < recvs.size(); ++i)
+    if (recvs[i].end > recvs[i].begin) order.push_back(i);
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return recvs[x].begin < recvs[y].begin; });
+  std::vector<size_t> reach(order.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    reach[i] = i > 0 && recvs[reach[i - 1]].end >= recvs[order[i]].end ? reach[i - 1] : order[i];
+  for (size_t s = 0; s < sends.size(); ++s) {
+    const ByteRange& r = sends[s];
+    if (r.end <= r.begin) continue;
+    const size_t before = std::partition_point(order.begin(), order.end(),
+                                               [&](size_t x) { return recvs[x].begin < r.end; }) -
+                          order.begin();
+    if (before == 0 || recvs[reach[before - 1]].end <= r.begin) continue;
+    *sendAt = s;
+    *recvAt = reach[before - 1];
+    return true;
+  }
   return false;
 }
 

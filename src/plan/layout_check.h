@@ -24,4 +24,14 @@ bool checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, std::str
 bool checkRowIndices(const int64_t* rows, size_t nrows, bool unique, const char* fn,
                      std::string* msg);
 
+// A byte range [begin, end) of a caller's buffer, for the overlap check of one call.
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+};
+
+// Whether some send range overlaps some receive range (empty ranges overlap nothing). On true,
+// *sendAt and *recvAt index one such pair. O((S + R) log R); the vectors may be in any order.
+bool findSendRecvOverlap(const std::vector<ByteRange>& sends, const std::vector<ByteRange>& recvs,
+                         size_t* sendAt, size_t* recvAt);
+
 }  // namespace fusco

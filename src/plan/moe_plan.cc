@@ -172,14 +172,16 @@ fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, in
   if (nranks <= 0) {
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE shape: nranks %d outside [1, inf)", nranks);
   }
-  if (numExperts <= 0) {
-    return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE config: numExperts %d, must be at least 1",
-                      numExperts);
-  }
-  if (expertAlignment < 0) {
+  if (numExperts <= 0 || numExperts > kMaxExperts) {
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
-                      "MoE config: expertAlignment %d, must be 0 or more (0 or 1: no padding)",
-                      expertAlignment);
+                      "MoE config: numExperts %d outside the supported range [1, %d]", numExperts,
+                      kMaxExperts);
+  }
+  if (expertAlignment < 0 || expertAlignment > kMaxExpertAlignment) {
+    return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
+                      "MoE config: expertAlignment %d outside the supported range [0, %d] (0 or 1: "
+                      "no padding)",
+                      expertAlignment, kMaxExpertAlignment);
   }
   if (placement == nullptr && numExperts % nranks != 0) {
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
@@ -335,13 +337,13 @@ fuscoResult_t planRecv(const MoeShape& shape, int rank,
   // Blocks: expert-major, each padded up to the alignment (an empty block stays empty).
   const int64_t align = shape.expertAlignment > 1 ? shape.expertAlignment : 1;
   p.blockStart.resize(numLocal);
-  p.paddingRows.clear();
+  p.padding.clear();
   int64_t next = 0;
   for (int e = 0; e < numLocal; ++e) {
     const int64_t rows = p.tokensPerLocalExpert[e];
     p.blockStart[e] = next;
     const int64_t padded = (rows + align - 1) / align * align;
-    for (int64_t r = next + rows; r < next + padded; ++r) p.paddingRows.push_back(r);
+    if (padded > rows) p.padding.push_back(RowRange{next + rows, padded - rows});
     next += padded;
   }
   p.numRecvRows = static_cast<size_t>(next);
@@ -402,7 +404,7 @@ std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,
            "plan rank %d: dedup %s, rows to peers %s, intra-node %s, inter-node %s, recv %zu rows "
            "(%zu padding) in %zu local experts, saved %zu rows vs NONE",
            rank, dedupName(dedup), peers.c_str(), path(intraRows).c_str(), path(interRows).c_str(),
-           recv.numRecvRows, recv.paddingRows.size(),
+           recv.numRecvRows, static_cast<size_t>(recv.paddingRowCount()),
            rank >= 0 && rank < shape.nranks ? shape.localExperts[rank].size() : size_t{0},
            noneRows - sentRows);
   return buf;

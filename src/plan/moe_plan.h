@@ -30,6 +30,20 @@ enum class Dedup : int {
   Node = FUSCO_DEDUP_NODE
 };
 
+// Runtime limits of the MoE config (docs/API.md, "MoE dispatch and combine"). A plan's own memory
+// grows with numExperts (placement tables, per-expert counters), so it is bounded; padding costs
+// one range per local expert whatever the alignment, and the alignment bound keeps the padded
+// receive size a small multiple of what an expert can really use.
+constexpr int kMaxExperts = 1 << 20;
+constexpr int kMaxExpertAlignment = 1 << 16;
+
+// Rows [start, start + count) of a buffer.
+struct RowRange {
+  int64_t start = 0;
+  int64_t count = 0;
+  bool operator==(const RowRange& o) const { return start == o.start && count == o.count; }
+};
+
 // The communicator's shape and the expert placement (same on every rank).
 struct MoeShape {
   int nranks = 0;
@@ -41,8 +55,9 @@ struct MoeShape {
 };
 
 // Builds the shape; placement == nullptr means contiguous blocks of numExperts / nranks.
-// fuscoInvalidArgument (message says why) for numExperts <= 0, numExperts % nranks != 0 without a
-// placement, or a placement entry outside [0, nranks).
+// fuscoInvalidArgument (message says why) for numExperts outside [1, kMaxExperts], an alignment
+// outside [0, kMaxExpertAlignment], numExperts % nranks != 0 without a placement, or a placement
+// entry outside [0, nranks).
 fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, int expertAlignment,
                             MoeShape* out);
 
@@ -87,7 +102,12 @@ struct MoeRecvPlan {
   size_t numRecvRows = 0;                     // including padding
   std::vector<int64_t> tokensPerLocalExpert;  // [numLocalExperts] rows before padding
   std::vector<int64_t> blockStart;            // [numLocalExperts] first row of each block
-  std::vector<int64_t> paddingRows;           // rows to zero-fill
+  std::vector<RowRange> padding;              // rows to zero-fill: one range per padded block
+  int64_t paddingRowCount() const {
+    int64_t n = 0;
+    for (const RowRange& r : padding) n += r.count;
+    return n;
+  }
   // [nranks] CSR: row i received from s is written to fanRows[s][fanStart[s][i] ..
   // fanStart[s][i+1]) (k order of the source token), so rowsFrom(s) = fanStart[s].size() - 1.
   std::vector<std::vector<uint32_t>> fanStart;

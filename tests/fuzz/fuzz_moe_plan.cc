@@ -18,8 +18,11 @@ namespace {
 
 void checkRecvPlan(const fusco::MoeRecvPlan& p, int n) {
   FUZZ_CHECK(static_cast<int>(p.fanStart.size()) == n);
-  std::set<int64_t> rows(p.paddingRows.begin(), p.paddingRows.end());
-  FUZZ_CHECK(rows.size() == p.paddingRows.size());
+  std::set<int64_t> rows;
+  for (const fusco::RowRange& r : p.padding) {
+    FUZZ_CHECK(r.count > 0);
+    for (int64_t row = r.start; row < r.start + r.count; ++row) FUZZ_CHECK(rows.insert(row).second);
+  }
   for (int s = 0; s < n; ++s) {
     for (int64_t r : p.fanRows[s]) {
       FUZZ_CHECK(r >= 0 && static_cast<size_t>(r) < p.numRecvRows);

@@ -121,6 +121,24 @@ TEST(GpuMoeDispatch, ExpertAlignmentPadsEachBlockWithZeroRows) {
   });
 }
 
+// Padding is one range per local expert, zeroed by one kernel over the ranges: long ranges (up to
+// the largest supported alignment) and many short ones come back all zero over the poison.
+TEST(GpuMoeDispatch, LargeAlignmentPaddingRangesAreZeroed) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 16;
+    c.topk = 2;
+    c.numTokens = {9, 0, 4, 11};
+    for (int align : {3, 4096, 65536}) {
+      c.align = align;
+      dispatchAllModes(comm, ctx, c, seed + align, 10, kGpuModes, Mem::Cuda,
+                       align == 4096 ? Mem::Arena : Mem::Cuda, stream.get());
+    }
+  });
+}
+
 TEST(GpuMoeDispatch, ZeroTokensOneTokenAndIdleExperts) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();

@@ -164,9 +164,11 @@ void checkDispatch(const MoeRefProblem& p, const Sim& sim, const test::MoeRefDis
         }
       }
     }
-    for (int64_t row : rp.paddingRows) {
-      std::memset(recvX.data() + row * rowBytes, 0, rowBytes);
-      ++writes[row];
+    for (const RowRange& range : rp.padding) {
+      for (int64_t row = range.start; row < range.start + range.count; ++row) {
+        std::memset(recvX.data() + row * rowBytes, 0, rowBytes);
+        ++writes[row];
+      }
     }
     for (size_t row = 0; row < rp.numRecvRows; ++row) ASSERT_EQ(writes[row], 1) << "row " << row;
     ASSERT_EQ(firstDiff(recvX, ref.recvX[r], rowBytes, "row"), "") << "recvX of rank " << r;
@@ -384,7 +386,7 @@ TEST(MoePlan, ExpertsThatReceiveNothingStayEmpty) {
   const MoeRefProblem p = makeProblem(c);
   const Sim sim = planAll(p, Dedup::Rank);
   EXPECT_EQ(sim.recv[2].numRecvRows, 0u);
-  EXPECT_TRUE(sim.recv[2].paddingRows.empty());
+  EXPECT_TRUE(sim.recv[2].padding.empty());
 }
 
 TEST(MoePlan, TokenToTwoExpertsOnOneRankCrossesOnce) {
@@ -427,7 +429,7 @@ TEST(MoePlan, SamePlanTwice) {
       EXPECT_EQ(a.recv[r].fanStart, b.recv[r].fanStart);
       EXPECT_EQ(a.recv[r].fanRows, b.recv[r].fanRows);
       EXPECT_EQ(a.recv[r].blockStart, b.recv[r].blockStart);
-      EXPECT_EQ(a.recv[r].paddingRows, b.recv[r].paddingRows);
+      EXPECT_EQ(a.recv[r].padding, b.recv[r].padding);
     }
   }
 }
@@ -462,7 +464,7 @@ TEST(MoePlan, ReusedPlansEqualFreshOnes) {
     EXPECT_EQ(reused.numRecvRows, fresh.recv[r].numRecvRows);
     EXPECT_EQ(reused.tokensPerLocalExpert, fresh.recv[r].tokensPerLocalExpert);
     EXPECT_EQ(reused.blockStart, fresh.recv[r].blockStart);
-    EXPECT_EQ(reused.paddingRows, fresh.recv[r].paddingRows);
+    EXPECT_EQ(reused.padding, fresh.recv[r].padding);
     EXPECT_EQ(reused.fanStart, fresh.recv[r].fanStart);
     EXPECT_EQ(reused.fanRows, fresh.recv[r].fanRows);
   }
