@@ -1,0 +1,56 @@
+// Init that cannot succeed: every rank is told why, promptly, with the right result code and a
+// message that names what to fix.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "harness/mp_harness.h"
+
+namespace {
+
+using fusco::test::initComm;
+using fusco::test::nowSec;
+using fusco::test::RankCtx;
+using fusco::test::runRanks;
+
+constexpr int kTimeoutMs = 10000;
+constexpr double kPromptSec = 3.0;  // well under the timeout
+
+fuscoConfig_t testConfig() {
+  fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
+  cfg.timeoutMs = kTimeoutMs;
+  return cfg;
+}
+
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
+
+// Inits with ctx's id and config; returns the result, the message and how long it took.
+fuscoResult_t tryInit(const RankCtx& ctx, const fuscoConfig_t& cfg, std::string* msg,
+                      double* sec) {
+  fuscoComm_t comm = nullptr;
+  const double t0 = nowSec();
+  fuscoResult_t r = fuscoCommInitRankConfig(&comm, ctx.nranks, ctx.id, ctx.rank, &cfg);
+  *sec = nowSec() - t0;
+  *msg = fuscoGetLastError(nullptr);
+  if (r == fuscoSuccess) fuscoCommDestroy(comm);
+  return r;
+}
+
+TEST(InitErrors, ReusedUniqueIdFailsEveryRankPromptly) {
+  runRanks(4, [](const RankCtx& ctx) {
+    fuscoConfig_t cfg = testConfig();
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+    std::string msg;
+    double sec = 0;
+    EXPECT_EQ(tryInit(ctx, cfg, &msg, &sec), fuscoInvalidUsage) << msg;
+    EXPECT_TRUE(contains(msg, "already used")) << msg;
+    EXPECT_TRUE(contains(msg, "fuscoGetUniqueId")) << msg;
+    EXPECT_LT(sec, kPromptSec) << "the reused id was refused after " << sec << " s: " << msg;
+  });
+}
+
+}  // namespace
