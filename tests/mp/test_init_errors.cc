@@ -28,8 +28,7 @@ bool contains(const std::string& s, const std::string& what) {
 }
 
 // Inits with ctx's id and config; returns the result, the message and how long it took.
-fuscoResult_t tryInit(const RankCtx& ctx, const fuscoConfig_t& cfg, std::string* msg,
-                      double* sec) {
+fuscoResult_t tryInit(const RankCtx& ctx, const fuscoConfig_t& cfg, std::string* msg, double* sec) {
   fuscoComm_t comm = nullptr;
   const double t0 = nowSec();
   fuscoResult_t r = fuscoCommInitRankConfig(&comm, ctx.nranks, ctx.id, ctx.rank, &cfg);
@@ -50,6 +49,36 @@ TEST(InitErrors, ReusedUniqueIdFailsEveryRankPromptly) {
     EXPECT_TRUE(contains(msg, "already used")) << msg;
     EXPECT_TRUE(contains(msg, "fuscoGetUniqueId")) << msg;
     EXPECT_LT(sec, kPromptSec) << "the reused id was refused after " << sec << " s: " << msg;
+  });
+}
+
+// Rank 3 is given two ranks per node, the others one: the node maps would differ, so every rank
+// fails at init naming the setting and both values.
+TEST(InitErrors, LocalSizeDifferingAcrossRanksNamesTheSettingAndTheValues) {
+  runRanks(4, [](const RankCtx& ctx) {
+    fuscoConfig_t cfg = testConfig();
+    cfg.localSize = ctx.rank == 3 ? 2 : 1;
+    std::string msg;
+    double sec = 0;
+    EXPECT_EQ(tryInit(ctx, cfg, &msg, &sec), fuscoInvalidUsage) << msg;
+    EXPECT_TRUE(contains(msg, "localSize")) << msg;
+    EXPECT_TRUE(contains(msg, "FUSCO_LOCAL_SIZE")) << msg;
+    EXPECT_TRUE(contains(msg, "rank 0 uses 1")) << msg;
+    EXPECT_TRUE(contains(msg, "rank 3 uses 2")) << msg;
+    EXPECT_LT(sec, kPromptSec) << msg;
+  });
+}
+
+// Different settings that give the same nodes are fine: 0 (by host: one node here) and 4.
+TEST(InitErrors, LocalSizesThatMakeTheSameNodesAreAccepted) {
+  runRanks(4, [](const RankCtx& ctx) {
+    fuscoConfig_t cfg = testConfig();
+    cfg.localSize = ctx.rank % 2 == 0 ? 0 : 4;
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    int node = -1, numNodes = -1, localRank = -1, localSize = -1;
+    FUSCO_EXPECT_OK(comm, fuscoCommNodeInfo(comm, &node, &numNodes, &localRank, &localSize));
+    EXPECT_EQ(numNodes, 1);
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
   });
 }
 
