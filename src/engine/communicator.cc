@@ -174,6 +174,7 @@ fuscoResult_t Communicator::connectTransports() {
   conns_.assign(nranks_, PeerConn{});
   std::vector<std::vector<int>> peersOf(list.size());
   std::string failure;
+  fuscoResult_t failureCode = fuscoInvalidUsage;  // no transport for a pair: a usage error
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_) continue;
     int best = -1, bestScore = -1;
@@ -195,8 +196,9 @@ fuscoResult_t Communicator::connectTransports() {
   for (size_t t = 0; t < list.size() && failure.empty(); ++t) {
     std::string blob;
     if (!peersOf[t].empty()) {
-      if (list[t]->setup(ctx_, peersOf[t], &tcs[t], &blob) != fuscoSuccess) {
+      if (fuscoResult_t r = list[t]->setup(ctx_, peersOf[t], &tcs[t], &blob); r != fuscoSuccess) {
         failure = std::string(list[t]->name) + " setup failed: " + threadLastError();
+        failureCode = r;  // the transport's own code (out of memory, a failed mmap: system)
         mine[0] = '\0';
         break;
       }
@@ -210,7 +212,7 @@ fuscoResult_t Communicator::connectTransports() {
   FUSCO_CHECK(bootstrap_->allGather(mine, &all));
   std::string why;
   if (const int r = firstFailure(all, &why); r >= 0) {
-    if (r == rank_) return FUSCO_FAIL(fuscoInvalidUsage, kInit, "%s", why.c_str());
+    if (r == rank_) return FUSCO_FAIL(failureCode, kInit, "%s", why.c_str());
     return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r,
                       why.c_str());
   }

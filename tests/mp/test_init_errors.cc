@@ -1,5 +1,6 @@
 // Init that cannot succeed: every rank is told why, promptly, with the right result code and a
-// message that names what to fix.
+// message that names what to fix (a reused unique id, ranks per node that differ between ranks,
+// a shared arena the system cannot map).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -79,6 +80,28 @@ TEST(InitErrors, LocalSizesThatMakeTheSameNodesAreAccepted) {
     FUSCO_EXPECT_OK(comm, fuscoCommNodeInfo(comm, &node, &numNodes, &localRank, &localSize));
     EXPECT_EQ(numNodes, 1);
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
+// Rank 1 asks for a shared arena larger than any address space: mapping it fails, which is a
+// system error on that rank (not a usage error), and a remote error naming it everywhere else.
+TEST(InitErrors, ArenaThatCannotBeMappedIsASystemError) {
+  runRanks(3, [](const RankCtx& ctx) {
+    if (ctx.rank == 1) setenv("FUSCO_SHM_ARENA_BYTES", "1125899906842624", 1);  // 2^50
+    fuscoConfig_t cfg = testConfig();
+    cfg.localSize = 3;  // one node: every pair over shm
+    std::string msg;
+    double sec = 0;
+    fuscoResult_t r = tryInit(ctx, cfg, &msg, &sec);
+    if (ctx.rank == 1) {
+      EXPECT_EQ(r, fuscoSystemError) << msg;
+      EXPECT_TRUE(contains(msg, "shm setup failed")) << msg;
+      EXPECT_TRUE(contains(msg, "mmap")) << msg;
+    } else {
+      EXPECT_EQ(r, fuscoRemoteError) << msg;
+      EXPECT_TRUE(contains(msg, "rank 1")) << msg;
+    }
+    EXPECT_LT(sec, kPromptSec) << msg;
   });
 }
 
