@@ -6,6 +6,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/api_internal.h"
@@ -144,10 +145,27 @@ void checkGroupOverlap(fuscoComm_t comm, const std::vector<P2pCall>& calls, ArgC
       reinterpret_cast<void*>(recvs[ri].begin));
 }
 
+// The communicators of a group, each once, in an order every rank agrees on: by their tag, which
+// is the same on every rank of a communicator (pointers and call order are not). Each runs one
+// engine operation, and an operation waits only for ranks of its own communicator; with one order
+// for all, no two ranks can wait for each other on two communicators in opposite orders, however
+// the calls were added. A comm that is not live sorts first (its operation fails at once).
+std::vector<fuscoComm_t> groupComms(const std::vector<PendingCall>& calls) {
+  std::vector<std::pair<uint64_t, fuscoComm_t>> comms;
+  for (const auto& c : calls) {
+    if (std::any_of(comms.begin(), comms.end(), [&](const auto& x) { return x.second == c.comm; }))
+      continue;
+    comms.push_back({commIsLive(c.comm) ? c.comm->impl->commTag() : 0, c.comm});
+  }
+  std::stable_sort(comms.begin(), comms.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<fuscoComm_t> out;
+  for (const auto& x : comms) out.push_back(x.second);
+  return out;
+}
+
 fuscoResult_t runGroup(std::vector<PendingCall> calls) {
-  std::vector<fuscoComm_t> comms;
-  for (const auto& c : calls)
-    if (std::find(comms.begin(), comms.end(), c.comm) == comms.end()) comms.push_back(c.comm);
+  const std::vector<fuscoComm_t> comms = groupComms(calls);
   fuscoResult_t first = fuscoSuccess;
   std::string firstMsg;
   for (fuscoComm_t comm : comms) {

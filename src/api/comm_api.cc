@@ -102,7 +102,7 @@ fuscoResult_t fuscoCommAbort(fuscoComm_t comm) {
   return guarded(nullptr, "fuscoCommAbort", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommAbort"));
     comm->impl->requestAbort();
-    comm->impl->markBroken(fuscoInvalidUsage, "the communicator was aborted");
+    comm->impl->markBroken(fuscoInvalidUsage, "the communicator was aborted (fuscoCommAbort)");
     unregisterComm(comm);  // waits for blocked calls, which notice the abort within one poll
     delete comm;
     return fuscoSuccess;

@@ -132,7 +132,9 @@ fuscoResult_t bootstrapCreateId(fuscoUniqueId* id) {
     return FUSCO_FAIL(fuscoSystemError, kBoot, "getrandom failed: %s", strerror(errno));
   int fd = -1;
   SockAddr bound;
-  FUSCO_CHECK(socketListen(addr, kListenBacklog, false, &fd, &bound));
+  // SO_REUSEADDR: the connections accepted on it inherit it, so once they are closed (TIME_WAIT)
+  // the id's address can be bound again, by a root in another process or to refuse a reused id.
+  FUSCO_CHECK(socketListen(addr, kListenBacklog, true, &fd, &bound));
   IdFields f;
   f.magic = kIdMagic;
   f.version = kIdVersion;
@@ -212,11 +214,14 @@ fuscoResult_t BootstrapAccess::rootInit(const IdFields& f, const std::string& ad
                                         std::unique_ptr<Bootstrap>* out,
                                         std::vector<std::string>* all) {
   int lfd = -1;
-  FUSCO_CHECK(takeListenFd(f, addr, &lfd));
+  bool reused = false;
+  FUSCO_CHECK(takeListenFd(f, addr, &lfd, &reused));
   std::vector<int> fds(1, -1);
   std::vector<std::string> blobs(1, myBlob);
   fuscoResult_t r = fuscoSuccess;
-  if (nranks > 1) {
+  if (reused) {
+    r = refuseReusedId(lfd, nranks, f.secret, addr, timeoutMs);
+  } else if (nranks > 1) {
     FUSCO_INFO(kBoot, "bootstrap: root %s waiting for %d ranks (timeout %lld ms)", addr.c_str(),
                nranks - 1, static_cast<long long>(timeoutMs));
     r = runRootRendezvous(lfd, nranks, f.secret, addr, timeoutMs, myBlob, &fds, &blobs);
@@ -240,6 +245,11 @@ fuscoResult_t BootstrapAccess::peerInit(const IdFields& f, const std::string& ad
                                         std::unique_ptr<Bootstrap>* out,
                                         std::vector<std::string>* all) {
   bool badRank = nranks <= 0 || nranks > kMaxRanks || rank < 0 || rank >= nranks;
+  // This process joined a communicator with this id as this rank before: the root refuses the id
+  // too, but this rank knows at once. (Marked only once joined: a rank given twice in one process
+  // is the root's to report.)
+  if (!badRank && idUsed(f.secret, rank))
+    return FUSCO_FAIL(fuscoInvalidUsage, kBoot, "%s", reusedIdMessage(addr).c_str());
   Deadline d(peerTimeoutMs(timeoutMs));
   std::string root = "root " + addr;
   int fd = -1, err = 0;
@@ -279,6 +289,7 @@ fuscoResult_t BootstrapAccess::peerInit(const IdFields& f, const std::string& ad
     return r;
   }
   b->rootFd_ = fd;
+  markIdUsed(f.secret, rank);
   FUSCO_INFO(kBoot, "bootstrap: rank %d of %d connected to root %s", rank, nranks, addr.c_str());
   *out = std::move(b);
   all->swap(blobs);

@@ -53,6 +53,12 @@ class RootRendezvous {
     for (int& fd : fdOf_) socketClose(&fd);
     for (int& fd : extraFds_) socketClose(&fd);
   }
+  // The rendezvous fails from the start with this error: it only answers the ranks that arrive.
+  void presetError(fuscoResult_t r, const std::string& msg) {
+    err_ = r;
+    errMsg_ = msg;
+    lastArrivalNs_ = nowNs();
+  }
   // [out] fds: one connected socket per rank (-1 for rank 0); blobs: every rank's blob.
   fuscoResult_t run(const std::string& myBlob, std::vector<int>* fds,
                     std::vector<std::string>* blobs);
@@ -257,18 +263,28 @@ fuscoResult_t RootRendezvous::run(const std::string& myBlob, std::vector<int>* f
 
 }  // namespace
 
-// Takes this process's listening socket for the id, or binds the id's address when the id was
-// made by another process. Marks the id used: an id serves exactly one communicator.
-fuscoResult_t takeListenFd(const IdFields& f, const std::string& addr, int* fd) {
-  {
+bool markIdUsed(uint64_t secret, int rank) {
+  ListenTable& t = listenTable();
+  std::lock_guard<std::mutex> g(t.mu);
+  return t.used.insert({secret, rank}).second;
+}
+
+bool idUsed(uint64_t secret, int rank) {
+  ListenTable& t = listenTable();
+  std::lock_guard<std::mutex> g(t.mu);
+  return t.used.count({secret, rank}) != 0;
+}
+
+std::string reusedIdMessage(const std::string& addr) {
+  return "bootstrap: unique id " + addr +
+         " was already used for a communicator; call fuscoGetUniqueId once per communicator";
+}
+
+fuscoResult_t takeListenFd(const IdFields& f, const std::string& addr, int* fd, bool* reused) {
+  *reused = !markIdUsed(f.secret, 0);
+  if (!*reused) {
     ListenTable& t = listenTable();
     std::lock_guard<std::mutex> g(t.mu);
-    if (t.used.count(f.secret) != 0)
-      return FUSCO_FAIL(fuscoInvalidUsage, kBoot,
-                        "bootstrap: unique id %s was already used for a communicator; call "
-                        "fuscoGetUniqueId once per communicator",
-                        addr.c_str());
-    t.used.insert(f.secret);
     auto it = t.fds.find(f.secret);
     if (it != t.fds.end()) {
       *fd = it->second;
@@ -278,9 +294,22 @@ fuscoResult_t takeListenFd(const IdFields& f, const std::string& addr, int* fd) 
     }
   }
   SockAddr bound;
-  FUSCO_CHECK(socketListen(idSockAddr(f), kListenBacklog, true, fd, &bound));
-  FUSCO_INFO(kBoot, "bootstrap: root bound %s itself (id made by another process)", addr.c_str());
+  fuscoResult_t r = socketListen(idSockAddr(f), kListenBacklog, true, fd, &bound);
+  if (*reused && r != fuscoSuccess)  // nobody can be told: this rank at least is
+    return FUSCO_FAIL(fuscoInvalidUsage, kBoot, "%s", reusedIdMessage(addr).c_str());
+  FUSCO_CHECK(r);
+  FUSCO_INFO(kBoot, "bootstrap: root bound %s itself (%s)", addr.c_str(),
+             *reused ? "to refuse a reused id" : "id made by another process");
   return fuscoSuccess;
+}
+
+fuscoResult_t refuseReusedId(int listenFd, int nranks, uint64_t secret, const std::string& addr,
+                             int64_t timeoutMs) {
+  RootRendezvous rv(listenFd, nranks, secret, addr, timeoutMs);
+  rv.presetError(fuscoInvalidUsage, reusedIdMessage(addr));
+  std::vector<int> fds;
+  std::vector<std::string> blobs;
+  return rv.run(std::string(), &fds, &blobs);
 }
 
 fuscoResult_t runRootRendezvous(int listenFd, int nranks, uint64_t secret, const std::string& addr,

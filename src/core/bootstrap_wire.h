@@ -22,6 +22,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -113,8 +114,8 @@ inline uint64_t mix64(uint64_t x) {
 // Keyed by secret. A forked child inherits both the table and the fds, so rank 0 may run there.
 struct ListenTable {
   std::mutex mu;
-  std::map<uint64_t, int> fds;  // secret -> listening fd
-  std::set<uint64_t> used;      // secrets a communicator was built from in this process
+  std::map<uint64_t, int> fds;              // secret -> listening fd
+  std::set<std::pair<uint64_t, int>> used;  // (secret, rank) this process joined as
 };
 
 // The process-global table (defined in bootstrap_root.cc). Never destroyed: usable from atexit
@@ -183,9 +184,22 @@ inline uint64_t tableCap(int nranks) { return static_cast<uint64_t>(nranks) * (8
 inline int64_t peerTimeoutMs(int64_t t) { return t + std::min<int64_t>(2000, 200 + t / 10); }
 
 // ---------------------------------------------------------------- root side (bootstrap_root.cc)
+// Marks the id used by this process as `rank` (an id serves exactly one communicator); false when
+// it already was, so the call reuses an id. idUsed only asks.
+bool markIdUsed(uint64_t secret, int rank);
+bool idUsed(uint64_t secret, int rank);
+// The message every rank of a reused id reports.
+std::string reusedIdMessage(const std::string& addr);
+
 // Takes this process's listening socket for the id, or binds the id's address when the id was
-// made by another process. Marks the id used: an id serves exactly one communicator.
-fuscoResult_t takeListenFd(const IdFields& f, const std::string& addr, int* fd);
+// made by another process, and marks the id used as rank 0. For an id this process already used
+// as rank 0 it binds the address again where it can and sets *reused: the caller then tells
+// every rank that arrives that the id was used (refuseReusedId).
+fuscoResult_t takeListenFd(const IdFields& f, const std::string& addr, int* fd, bool* reused);
+// Answers every rank that says hello on listenFd (until all arrived, or a short grace after the
+// last arrival) with the reused-id error, and returns it.
+fuscoResult_t refuseReusedId(int listenFd, int nranks, uint64_t secret, const std::string& addr,
+                             int64_t timeoutMs);
 
 // Root side of init for nranks > 1: accepts connections on listenFd, authenticates HELLOs, detects
 // bad ranks, and either distributes the blob table or sends everybody the first error.

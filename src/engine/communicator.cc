@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "core/blob.h"
 #include "core/fault.h"
@@ -41,6 +42,29 @@ fuscoResult_t agreeOnOutcome(Bootstrap& b, const std::string& failure, int* fail
   FUSCO_CHECK(
       b.allGather(failure.empty() ? std::string(1, '\1') : std::string(1, '\0') + failure, &all));
   *failed = firstFailure(all, why);
+  return fuscoSuccess;
+}
+
+// Every rank must split the ranks into the same nodes, or ranks pick different transports for
+// one pair. Each rank's node map follows from every rank's host identity and its own ranks per
+// node, which all ranks published, so every rank finds the same first disagreement (a different
+// setting that gives the same nodes is harmless).
+fuscoResult_t agreeOnNodes(const std::vector<std::string>& hostIds,
+                           const std::vector<int>& localSizes, NodeMap* out) {
+  *out = buildNodeMap(hostIds, localSizes[0]);
+  std::map<int, bool> same{{localSizes[0], true}};  // per value: the same nodes as rank 0's
+  for (size_t r = 1; r < localSizes.size(); ++r) {
+    auto it = same.find(localSizes[r]);
+    if (it == same.end())
+      it = same.emplace(localSizes[r], buildNodeMap(hostIds, localSizes[r]).nodeOf == out->nodeOf)
+               .first;
+    if (it->second) continue;
+    return FUSCO_FAIL(fuscoInvalidUsage, kInit,
+                      "ranks disagree on ranks per node (fuscoConfig_t.localSize, else "
+                      "FUSCO_LOCAL_SIZE; 0: by host): rank 0 uses %d, rank %zu uses %d, which "
+                      "makes other nodes; every rank must use the same value",
+                      localSizes[0], r, localSizes[r]);
+  }
   return fuscoSuccess;
 }
 
@@ -100,19 +124,20 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   }
   faultConfigure();  // FUSCO_FAULT (debug): parsed once per communicator
 
+  const int localSize = opts.localSize > 0 ? opts.localSize : static_cast<int>(paramLocalSize());
   std::vector<std::string> blobs;
-  FUSCO_CHECK(Bootstrap::init(id, nranks, rank, c->ctx_.timeoutMs, encodePeerInfo(localPeerInfo()),
-                              &c->bootstrap_, &blobs));
+  FUSCO_CHECK(Bootstrap::init(id, nranks, rank, c->ctx_.timeoutMs,
+                              encodePeerInfo(localPeerInfo(), localSize), &c->bootstrap_, &blobs));
   FUSCO_CHECK(faultPoint(FaultPhase::Bootstrap, rank));
   c->peers_.resize(nranks);
   std::vector<std::string> hostIds(nranks);
+  std::vector<int> localSizes(nranks);
   for (int r = 0; r < nranks; ++r) {
-    if (!decodePeerInfo(blobs[r], &c->peers_[r]))
+    if (!decodePeerInfo(blobs[r], &c->peers_[r], &localSizes[r]))
       return FUSCO_FAIL(fuscoInternalError, kInit, "malformed peer record from rank %d", r);
     hostIds[r] = c->peers_[r].hostId;
   }
-  int localSize = opts.localSize > 0 ? opts.localSize : static_cast<int>(paramLocalSize());
-  c->nodes_ = buildNodeMap(hostIds, localSize);
+  FUSCO_CHECK(agreeOnNodes(hostIds, localSizes, &c->nodes_));
   c->ctx_.rank = rank;
   c->ctx_.nranks = nranks;
   c->ctx_.nodes = &c->nodes_;
@@ -149,6 +174,7 @@ fuscoResult_t Communicator::connectTransports() {
   conns_.assign(nranks_, PeerConn{});
   std::vector<std::vector<int>> peersOf(list.size());
   std::string failure;
+  fuscoResult_t failureCode = fuscoInvalidUsage;  // no transport for a pair: a usage error
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_) continue;
     int best = -1, bestScore = -1;
@@ -170,8 +196,9 @@ fuscoResult_t Communicator::connectTransports() {
   for (size_t t = 0; t < list.size() && failure.empty(); ++t) {
     std::string blob;
     if (!peersOf[t].empty()) {
-      if (list[t]->setup(ctx_, peersOf[t], &tcs[t], &blob) != fuscoSuccess) {
+      if (fuscoResult_t r = list[t]->setup(ctx_, peersOf[t], &tcs[t], &blob); r != fuscoSuccess) {
         failure = std::string(list[t]->name) + " setup failed: " + threadLastError();
+        failureCode = r;  // the transport's own code (out of memory, a failed mmap: system)
         mine[0] = '\0';
         break;
       }
@@ -185,7 +212,7 @@ fuscoResult_t Communicator::connectTransports() {
   FUSCO_CHECK(bootstrap_->allGather(mine, &all));
   std::string why;
   if (const int r = firstFailure(all, &why); r >= 0) {
-    if (r == rank_) return FUSCO_FAIL(fuscoInvalidUsage, kInit, "%s", why.c_str());
+    if (r == rank_) return FUSCO_FAIL(failureCode, kInit, "%s", why.c_str());
     return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d could not set up transports: %s", r,
                       why.c_str());
   }

@@ -76,6 +76,9 @@ class Communicator {
   int depth() const { return ctx_.depth; }
   const PeerConn& conn(int peer) const { return conns_[peer]; }
   Bootstrap& bootstrap() { return *bootstrap_; }
+  // The same on every rank of this communicator and different for every other one (it comes from
+  // the unique id's secret): an order of communicators that every rank agrees on.
+  uint64_t commTag() const { return ctx_.commTag; }
 
   // Memory peers can write directly (the first transport that offers an allocator).
   fuscoResult_t memAlloc(size_t bytes, void** ptr);

@@ -44,8 +44,7 @@ fuscoResult_t OpRunner::failPending(fuscoResult_t r, const char* phase, const ch
                   op_.peers[p].recvs.size(), rc_[p].off);
     }
   }
-  return FUSCO_FAIL(r, kEngine, "%s: %s (%lld ms) during %s; waiting for rank(s) %s", op_.name, why,
-                    static_cast<long long>(c_.timeoutMs()), phase,
+  return FUSCO_FAIL(r, kEngine, "%s: %s during %s; waiting for rank(s) %s", op_.name, why, phase,
                     waiting.empty() ? "none" : waiting.c_str());
 }
 

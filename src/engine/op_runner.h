@@ -129,7 +129,7 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
     if ((idle & 15) != 0 && idle <= spin) continue;
     int64_t now = nowNs();
     if (c_.abortRequested())
-      return failPending(fuscoInvalidUsage, phase, "the communicator was aborted");
+      return failPending(fuscoInvalidUsage, phase, "aborted (fuscoCommAbort)");
     if (now - lastLive >= livenessNs) {
       lastLive = now;
       for (int p : order_) {
@@ -142,7 +142,9 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
       }
     }
     if (now - lastProgress >= timeoutNs)
-      return failPending(fuscoTimeout, phase, "no progress within the timeout");
+      return failPending(
+          fuscoTimeout, phase,
+          ("no progress within the timeout (" + std::to_string(c_.timeoutMs()) + " ms)").c_str());
   }
 }
 

@@ -1,4 +1,6 @@
-// The per-rank record all-gathered at bootstrap: host identity and process identity.
+// The per-rank record all-gathered at bootstrap: host identity, process identity and the ranks per
+// node this rank was given (fuscoConfig_t.localSize, else FUSCO_LOCAL_SIZE; 0: by host), which
+// every rank must agree on.
 #pragma once
 
 #include <string>
@@ -7,8 +9,8 @@
 
 namespace fusco {
 
-std::string encodePeerInfo(const PeerInfo& info);
-bool decodePeerInfo(const std::string& blob, PeerInfo* info);
+std::string encodePeerInfo(const PeerInfo& info, int localSize);
+bool decodePeerInfo(const std::string& blob, PeerInfo* info, int* localSize);
 PeerInfo localPeerInfo();
 
 }  // namespace fusco

@@ -246,6 +246,32 @@ TEST(FaultAbort, AbortFromAnotherThreadWakesABlockedCall) {
   });
 }
 
+// The call that fuscoCommAbort woke says it was aborted, and does not quote the timeout as if it
+// had expired.
+TEST(FaultAbort, AbortedCallSaysItWasAbortedNotThatItTimedOut) {
+  runRanks(2, [](const RankCtx& ctx) {
+    fuscoConfig_t cfg = faultConfig(30000);
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    if (ctx.rank != 0) {
+      usleep(2 * 1000 * 1000);  // never joins the call, stays alive
+      FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+      return;
+    }
+    std::thread aborter([comm] {
+      usleep(300 * 1000);
+      EXPECT_EQ(fuscoCommAbort(comm), fuscoSuccess);
+    });
+    std::vector<int32_t> send(2 * 100, 5), recv(2 * 100);
+    fuscoResult_t r = fuscoAllToAll(send.data(), recv.data(), 100, fuscoInt32, comm, nullptr);
+    const std::string msg = fuscoGetLastError(nullptr);  // the comm is gone: this thread's error
+    aborter.join();
+    EXPECT_EQ(r, fuscoInvalidUsage) << msg;
+    EXPECT_NE(msg.find("aborted (fuscoCommAbort)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("timeout"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("30000 ms"), std::string::npos) << msg;
+  });
+}
+
 // ---------------------------------------------------------------- the harness itself
 // The fault tests rely on the harness noticing crashes, hangs and leftovers; these check that it
 // does, by collecting what runRanks reports instead of letting it fail this test.

@@ -1,8 +1,9 @@
 // Values every rank must pass alike in a MoE call: the plan's config (dedup, numExperts, placement,
-// expertAlignment; balance under NODE dedup is MoeNode's) and combine's datatype and hidden size. One rank that differs fails the
-// call on every rank, promptly, with fuscoInvalidUsage and a message naming the value, both ranks
-// and both values, before any row moves; the comm stays usable. On virtual nodes (net2.*) the
-// same holds under NODE dedup, where not every pair exchanges rows.
+// expertAlignment; balance under NODE dedup is MoeNode's) and combine's datatype and hidden size.
+// One rank that differs fails the call on every rank, promptly, with fuscoInvalidUsage and a
+// message naming the value, both ranks and both values, before any row moves; the comm stays
+// usable. On virtual nodes (net2.*) the same holds under NODE dedup, where not every pair exchanges
+// rows.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -56,8 +57,7 @@ MoeCase baseCase() {
 // The call failed on every rank with fuscoInvalidUsage, promptly, naming `field`, both values and
 // the other side of the disagreement (the odd rank on its peers; some peer on the odd rank).
 void expectDisagreement(fuscoComm_t comm, const RankCtx& ctx, fuscoResult_t r, double sec,
-                        const std::string& field, const std::string& mine,
-                        const std::string& odd) {
+                        const std::string& field, const std::string& mine, const std::string& odd) {
   const std::string msg = fuscoGetLastError(comm);
   SCOPED_TRACE("rank " + std::to_string(ctx.rank) + ": " + msg);
   EXPECT_EQ(r, fuscoInvalidUsage) << fuscoGetErrorString(r);
@@ -95,8 +95,8 @@ void expectPlanDisagreement(const std::string& field, const std::string& value,
     if (ctx.rank == kOddRank) odd(&m, &placement);
     fuscoMoeHandle_t h = reinterpret_cast<fuscoMoeHandle_t>(0x1);
     const double t0 = nowSec();
-    fuscoResult_t r = fuscoMoePlan(&h, comm, &m, p.topkIdx[ctx.rank].data(),
-                                   p.numTokens[ctx.rank], c.topk, nullptr);
+    fuscoResult_t r = fuscoMoePlan(&h, comm, &m, p.topkIdx[ctx.rank].data(), p.numTokens[ctx.rank],
+                                   c.topk, nullptr);
     const bool isOdd = ctx.rank == kOddRank;
     expectDisagreement(comm, ctx, r, nowSec() - t0, field, isOdd ? oddValue : value,
                        isOdd ? value : oddValue);
@@ -111,10 +111,9 @@ void expectPlanDisagreement(const std::string& field, const std::string& value,
 // NONE on one rank, AUTO (RANK on one node, NODE across nodes) on the others.
 TEST(MoePlanAgreement, DedupDifferingOnOneRankFailsThePlanOnEveryRankNamingTheField) {
   const char* autoName = getenv("FUSCO_LOCAL_SIZE") != nullptr ? "NODE" : "RANK";
-  expectPlanDisagreement("config.dedup", autoName, "NONE",
-                         [](fuscoMoeConfig_t* m, std::vector<int>*) {
-                           m->dedup = FUSCO_DEDUP_NONE;
-                         });
+  expectPlanDisagreement(
+      "config.dedup", autoName, "NONE",
+      [](fuscoMoeConfig_t* m, std::vector<int>*) { m->dedup = FUSCO_DEDUP_NONE; });
 }
 
 // A placement that differs on one rank would misroute every row: it fails the plan instead.

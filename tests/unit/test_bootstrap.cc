@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -341,6 +342,56 @@ TEST(Bootstrap, StaleIdCannotStartASecondCommunicator) {
   EXPECT_NE(again[1].r, fuscoSuccess);
   EXPECT_EQ(again[1].b, nullptr);
   EXPECT_LT(msSince(t0), 2500);
+}
+
+TEST(Bootstrap, ReusedIdFailsEveryRankOfThisProcessAtOnce) {
+  fuscoUniqueId id = newId();
+  {
+    auto ranks = runInit(id, allRanks(3), 5000);
+    for (auto& r : ranks) ASSERT_EQ(r.r, fuscoSuccess) << r.err;
+  }
+  auto again = runInit(id, allRanks(3), 5000);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(again[r].r, fuscoInvalidUsage) << "rank " << r << ": " << again[r].err;
+    EXPECT_NE(again[r].err.find("already used"), std::string::npos) << again[r].err;
+    EXPECT_LT(again[r].ms, 1500) << "rank " << r << " waited for the timeout (5000 ms)";
+  }
+}
+
+// A rank of another process that comes with an id this process already used as rank 0 gets the
+// root's answer instead of waiting for the timeout.
+TEST(Bootstrap, ReusedIdIsRefusedToARankThatArrives) {
+  fuscoUniqueId id = newId();
+  {
+    auto ranks = runInit(id, allRanks(2), 3000);
+    for (auto& r : ranks) ASSERT_EQ(r.r, fuscoSuccess) << r.err;
+  }
+  usleep(200 * 1000);  // the first communicator's connections finish closing (the port is free)
+  RankOut root;
+  std::thread t([&] {
+    root.r = Bootstrap::init(id, 2, 0, 5000, blobOf(0), &root.b, &root.blobs);
+    root.err = fusco::threadLastError();
+  });
+  int fd = -1;
+  for (int i = 0; i < 200 && fd < 0; ++i) {
+    fd = rawConnect(id);
+    if (fd < 0) usleep(5000);
+  }
+  std::string reply;
+  if (fd >= 0) {
+    sendStr(fd, helloHeader(idSecret(id), 2, 1, 0));
+    timeval tv{3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) reply.append(buf, n);
+    close(fd);
+  }
+  t.join();
+  EXPECT_EQ(root.r, fuscoInvalidUsage) << root.err;
+  EXPECT_NE(root.err.find("already used"), std::string::npos) << root.err;
+  ASSERT_GE(fd, 0) << "the root never listened for the reused id";
+  EXPECT_NE(reply.find("already used"), std::string::npos)
+      << "the root's reply: " << reply.size() << " bytes";
 }
 
 TEST(Bootstrap, CommTagEqualOnAllRanksAndDiffersBetweenIds) {

@@ -93,6 +93,7 @@ struct UcxPeer {
   CreditHeader creditHdr{};
   void* creditReq = nullptr;
   bool creditDirty = false;  // `consumed` changed since the last credit message
+  void* abortReq = nullptr;  // this rank's abort notice to the peer, in flight
 };
 
 struct UcxComm {
@@ -110,7 +111,6 @@ struct UcxComm {
   bool abortSent = false;
   std::string abortReason;
   AbortHeader abortHdr{};
-  std::vector<void*> abortReqs;
 };
 
 inline UcxComm* asUcx(TransportComm* tc) { return reinterpret_cast<UcxComm*>(tc); }
@@ -124,12 +124,18 @@ bool decodeBlob(const std::string& blob, uint64_t commTag, int rank,
 fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr);
 // Polls a request: true when it is done (then freed, *st its status); false while in flight.
 bool requestDone(void* req, ucs_status_t* st);
+// A request that has not completed yet (nullptr: none).
+inline bool inFlight(void* req) {
+  return req != nullptr && ucp_request_check_status(req) == UCS_INPROGRESS;
+}
 // Polls the send request *req to peer (nullptr: none): false while it runs; once done, clears
 // *req, marks the peer failed if the send failed (and then sets *failed, which stays set), and
 // returns true.
 bool reapSend(UcxComm* c, int peer, void** req, bool* failed = nullptr);
-// Closes endpoints (bounded flush), frees requests, destroys workers and contexts.
-void teardown(UcxComm* c);
+// Closes endpoints (bounded flush), cancels and completes every request still in flight, then
+// destroys workers and contexts. False when some request would not complete in time: the workers
+// are then left (never progressed again) rather than destroyed under it, and c must not be freed.
+bool teardown(UcxComm* c);
 
 // ucx_transport.cc
 void markFailed(UcxComm* c, int peer, ucs_status_t st);

@@ -1,11 +1,10 @@
 // UCX lifecycle: one context and worker per rail, worker-address blobs, endpoints with peer
-// error handling, and a teardown that never hangs on dead peers.
+// error handling (the teardown is in ucx_teardown.cc).
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/blob.h"
-#include "core/clock.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "transport/ucx/ucx_comm.h"
@@ -16,7 +15,6 @@ namespace {
 
 constexpr uint32_t kBlobMagic = 0x55435846;  // "FXCU"
 constexpr uint32_t kBlobVersion = 1;
-constexpr int64_t kCloseFlushMs = 2000;  // at most this long flushing endpoints in close
 
 struct BlobHeader {
   uint32_t magic;
@@ -29,43 +27,6 @@ struct BlobHeader {
 void epErrorHandler(void* arg, ucp_ep_h /*ep*/, ucs_status_t st) {
   EpErrArg* a = static_cast<EpErrArg*>(arg);
   markFailed(a->comm, a->peer, st);
-}
-
-// Cancels (if needed) and frees a request.
-void dropRequest(ucp_worker_h w, void** req) {
-  if (*req == nullptr) return;
-  if (ucp_request_check_status(*req) == UCS_INPROGRESS && w != nullptr) ucp_request_cancel(w, *req);
-  ucp_request_free(*req);
-  *req = nullptr;
-}
-
-// Starts closing every endpoint: a flush first where the peer is healthy, forced otherwise.
-std::vector<void*> startClose(UcxComm* c, bool force) {
-  std::vector<void*> reqs;
-  for (UcxPeer& p : c->peers) {
-    if (p.ep == nullptr) continue;
-    ucp_request_param_t prm{};
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = (force || p.failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &prm);
-    p.ep = nullptr;
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) reqs.push_back(r);
-  }
-  return reqs;
-}
-
-// Progresses until every request is done or the deadline passes; returns those still running.
-std::vector<void*> waitRequests(UcxComm* c, std::vector<void*> reqs, const Deadline& d) {
-  while (!reqs.empty() && !d.expired()) {
-    for (UcxRail& r : c->rails) ucp_worker_progress(r.worker);
-    std::vector<void*> left;
-    for (void* q : reqs) {
-      ucs_status_t st;
-      if (!requestDone(q, &st)) left.push_back(q);
-    }
-    reqs.swap(left);
-  }
-  return reqs;
 }
 
 }  // namespace
@@ -163,52 +124,6 @@ fuscoResult_t createEndpoint(UcxComm* c, int peer, const std::string& remoteAddr
                       ucs_status_string(st));
   }
   return fuscoSuccess;
-}
-
-// Waits (bounded) until every healthy peer has released every message this rank posted to it:
-// an operation completes on the sender once its slices are posted, so a rank that destroys its
-// communicator right after must not disconnect while a peer is still pulling its last slices.
-void drainPosted(UcxComm* c, const Deadline& d) {
-  for (;;) {
-    bool pending = false;
-    for (int p : c->peerList) {
-      const UcxPeer& q = c->peers[p];
-      if (q.ep != nullptr && !q.failed && q.credited < q.posted) pending = true;
-    }
-    if (!pending || d.expired()) return;
-    progressAll(c);
-  }
-}
-
-void teardown(UcxComm* c) {
-  if (!c->rails.empty() && c->rails[0].worker != nullptr) {
-    // Let peers consume what this rank sent, flush what is still in flight, bounded, then
-    // force-close whatever did not finish.
-    Deadline d(std::min<int64_t>(kCloseFlushMs, c->timeoutMs > 0 ? c->timeoutMs : kCloseFlushMs));
-    drainPosted(c, d);
-    std::vector<void*> left = waitRequests(c, startClose(c, false), d);
-    for (void* q : left) ucp_request_free(q);  // completes (or not) inside the worker teardown
-  }
-  for (UcxPeer& p : c->peers) {
-    ucp_worker_h w = p.rail < static_cast<int>(c->rails.size()) ? c->rails[p.rail].worker : nullptr;
-    for (void*& q : p.sendReq) dropRequest(w, &q);
-    dropRequest(w, &p.creditReq);
-    for (RecvSlot& s : p.recv) {
-      // Rendezvous receives run on whichever worker the message arrived on.
-      for (UcxRail& r : c->rails)
-        if (s.req != nullptr && ucp_request_check_status(s.req) == UCS_INPROGRESS)
-          ucp_request_cancel(r.worker, s.req);
-      if (s.req != nullptr) ucp_request_free(s.req);
-      s.req = nullptr;
-    }
-  }
-  for (void*& q : c->abortReqs) dropRequest(c->rails.empty() ? nullptr : c->rails[0].worker, &q);
-  for (UcxRail& r : c->rails) {
-    if (r.worker != nullptr) ucp_worker_destroy(r.worker);
-    if (r.context != nullptr) ucp_cleanup(r.context);
-    r.worker = nullptr;
-    r.context = nullptr;
-  }
 }
 
 }  // namespace fusco::ucx

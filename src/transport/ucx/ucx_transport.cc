@@ -294,14 +294,14 @@ void ucxMarkAborted(TransportComm* tc, const char* reason) {
     prm.flags = UCP_AM_SEND_FLAG_EAGER;
     ucs_status_ptr_t q = ucp_am_send_nbx(p.ep, ucx::kAmAbort, &c->abortHdr, sizeof(c->abortHdr),
                                          c->abortReason.data(), c->abortReason.size(), &prm);
-    if (q != nullptr && !UCS_PTR_IS_ERR(q)) c->abortReqs.push_back(q);
+    if (q != nullptr && !UCS_PTR_IS_ERR(q)) p.abortReq = q;
   }
   // Best effort: give the messages a moment to leave; close flushes the rest.
   Deadline d(kAbortFlushMs);
   while (!d.expired()) {
     ucx::progressAll(c);
     bool busy = false;
-    for (void* q : c->abortReqs) busy |= ucp_request_check_status(q) == UCS_INPROGRESS;
+    for (int peer : c->peerList) busy |= ucx::inFlight(c->peers[peer].abortReq);
     if (!busy) break;
   }
 }
@@ -329,11 +329,12 @@ bool ucxSendsInFlight(TransportComm* tc, int peer) {
 void ucxClose(TransportComm* tc) {
   UcxComm* c = asUcx(tc);
   if (c == nullptr) return;
+  bool freed;
   {
     std::lock_guard<std::mutex> lock(c->mu);
-    ucx::teardown(c);
+    freed = ucx::teardown(c);
   }
-  delete c;
+  if (freed) delete c;
 }
 
 }  // namespace
