@@ -1,89 +1,32 @@
 #include <sched.h>
 
-#include <map>
-#include <mutex>
-#include <set>
-
 #include "api/api_internal.h"
 #include "device/cuda_rt.h"
 
 namespace fusco {
 
-namespace {
-std::mutex gCommsMu;
-// Each live comm with its serial number: a handle remembers its comm's serial, so a comm created
-// later at the same address is not taken for the one the handle was made on.
-std::map<fuscoComm_t, uint64_t>& liveComms() {
-  static std::map<fuscoComm_t, uint64_t>* s = new std::map<fuscoComm_t, uint64_t>();
-  return *s;
-}
-uint64_t gNextSerial = 1;
-
-// Live MoE handles and layouts, one set per kind (a layout passed as a handle is not live).
-std::mutex gObjectsMu;
-std::set<const void*>& liveObjects(ObjectKind kind) {
-  static std::set<const void*>* s = new std::set<const void*>[2];
-  return s[kind == ObjectKind::Layout ? 1 : 0];
-}
-}  // namespace
-
-void registerComm(fuscoComm_t comm) {
-  std::lock_guard<std::mutex> g(gCommsMu);
-  liveComms()[comm] = gNextSerial++;
-}
-
 void unregisterComm(fuscoComm_t comm) {
-  {
-    std::lock_guard<std::mutex> g(gCommsMu);
-    liveComms().erase(comm);
-  }
+  unregisterLive(LiveKind::Comm, comm);
   // Calls still inside this comm (another thread, woken by an abort) leave within one poll.
   while (comm->impl->activeCalls.load() > 0) sched_yield();
 }
 
-uint64_t commSerial(fuscoComm_t comm) {
-  std::lock_guard<std::mutex> g(gCommsMu);
-  auto it = liveComms().find(comm);
-  return it == liveComms().end() ? 0 : it->second;
-}
-
-void registerObject(ObjectKind kind, const void* obj) {
-  std::lock_guard<std::mutex> g(gObjectsMu);
-  liveObjects(kind).insert(obj);
-}
-
-bool unregisterObject(ObjectKind kind, const void* obj) {
-  std::lock_guard<std::mutex> g(gObjectsMu);
-  return liveObjects(kind).erase(obj) != 0;
-}
-
-bool objectIsLive(ObjectKind kind, const void* obj) {
-  std::lock_guard<std::mutex> g(gObjectsMu);
-  return obj != nullptr && liveObjects(kind).count(obj) != 0;
-}
-
-fuscoResult_t checkObject(ObjectKind kind, const void* obj, const char* fn) {
-  const char* what = kind == ObjectKind::Layout ? "layout" : "MoE handle";
+fuscoResult_t checkObject(LiveKind kind, const void* obj, const char* fn) {
+  const char* what = kind == LiveKind::Layout ? "layout" : "MoE handle";
   if (obj == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: %s is NULL", fn, what);
-  if (!objectIsLive(kind, obj))
+  if (!isLive(kind, obj))
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                       "%s: %p is not a live %s (destroyed or never created)", fn, obj, what);
   return fuscoSuccess;
 }
 
+// The count is raised under the registry's lock, so unregisterComm cannot miss it.
 bool pinComm(fuscoComm_t comm) {
-  std::lock_guard<std::mutex> g(gCommsMu);
-  if (liveComms().count(comm) == 0) return false;
-  comm->impl->activeCalls++;
-  return true;
+  auto pin = [](void* c) { static_cast<fuscoComm_t>(c)->impl->activeCalls++; };
+  return whileLive(LiveKind::Comm, comm, pin, comm);
 }
 
 void unpinComm(fuscoComm_t comm) { comm->impl->activeCalls--; }
-
-bool commIsLive(fuscoComm_t comm) {
-  std::lock_guard<std::mutex> g(gCommsMu);
-  return comm != nullptr && liveComms().count(comm) != 0;
-}
 
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
   if (comm == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: comm is NULL", fn);
@@ -97,11 +40,6 @@ fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
 void noteResult(fuscoComm_t comm, fuscoResult_t r) {
   if (r == fuscoSuccess || !commIsLive(comm)) return;  // the caller's pin keeps it alive
   comm->impl->lastError = threadLastError();
-}
-
-fuscoResult_t injectFault(fuscoComm_t comm, FaultPhase phase) {
-  Communicator& c = *comm->impl;
-  return faultPoint(phase, c.rank(), [&](const char* w) { c.markBroken(fuscoRemoteError, w); });
 }
 
 void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a) {

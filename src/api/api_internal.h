@@ -1,5 +1,5 @@
-// What every entry point shares: the opaque communicator, the registry of live communicators,
-// and the guard that turns every C++ exception into a result code plus a last-error message.
+// What every entry point shares: the opaque communicator, checks of live comms and objects, and
+// the guard that turns every C++ exception into a result code plus a last-error message.
 #pragma once
 
 #include <memory>
@@ -9,6 +9,7 @@
 #include "core/arg_check.h"
 #include "core/datatype.h"
 #include "core/fault.h"
+#include "core/live_registry.h"
 #include "core/result.h"
 #include "engine/communicator.h"
 #include "fusco.h"
@@ -19,33 +20,24 @@ struct fuscoComm {
 
 namespace fusco {
 
-void registerComm(fuscoComm_t comm);
+// Live communicators, MoE handles and layouts are kept in core/live_registry.h.
+inline bool commIsLive(fuscoComm_t comm) { return isLive(LiveKind::Comm, comm); }
 // Removes comm from the registry (no new call can pin it), then waits for pinned calls to leave.
 void unregisterComm(fuscoComm_t comm);
-bool commIsLive(fuscoComm_t comm);
 // Pins a live comm for the duration of a call so fuscoCommAbort from another thread cannot free it
 // underneath; false if comm is not live.
 bool pinComm(fuscoComm_t comm);
 void unpinComm(fuscoComm_t comm);
-// The serial number the live comm was registered with (never reused), or 0 when comm is not live.
-uint64_t commSerial(fuscoComm_t comm);
 
-// MoE handles and layouts are guarded like communicators: every entry point checks that the
-// pointer it was given is one the library made and has not destroyed yet.
-enum class ObjectKind { MoeHandle, Layout };
-void registerObject(ObjectKind kind, const void* obj);
-// Removes obj from the registry; false when it was not live (destroyed already, or never made).
-bool unregisterObject(ObjectKind kind, const void* obj);
-bool objectIsLive(ObjectKind kind, const void* obj);
-// fuscoInvalidArgument naming fn unless obj is a live object of that kind.
-fuscoResult_t checkObject(ObjectKind kind, const void* obj, const char* fn);
+// fuscoInvalidArgument naming fn unless obj is a live MoE handle or layout (kind says which).
+fuscoResult_t checkObject(LiveKind kind, const void* obj, const char* fn);
 
-// The comm of a live handle or layout `obj` while that comm is still the one it was made on;
-// nullptr otherwise (obj not live, or its comm destroyed). Reads obj only when it is live.
+// The comm of a live handle or layout `obj` while that comm is still the one it was made on (its
+// serial matches obj->commSerial); nullptr otherwise. Reads obj only when it is live.
 template <typename Obj>
-fuscoComm_t liveCommOf(ObjectKind kind, const Obj* obj) {
-  if (!objectIsLive(kind, obj)) return nullptr;
-  return commSerial(obj->comm) == obj->commSerial ? obj->comm : nullptr;
+fuscoComm_t liveCommOf(LiveKind kind, const Obj* obj) {
+  if (!isLive(kind, obj)) return nullptr;
+  return liveSerial(LiveKind::Comm, obj->comm) == obj->commSerial ? obj->comm : nullptr;
 }
 
 // fuscoInvalidArgument naming fn when the comm a live handle or layout was made on is gone.
@@ -104,8 +96,6 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
 // fuscoMemCuda comms take device buffers: a non-NULL pointer the GPU cannot use (host memory)
 // fails the check with a message naming the argument. Host comms: nothing to check.
 void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what, ArgCheck* a);
-// A fault injected at this phase (FUSCO_FAULT) breaks the comm as a dead peer would.
-fuscoResult_t injectFault(fuscoComm_t comm, FaultPhase phase);
 // A host comm takes stream = NULL: anything else fails the check with a message naming fn.
 void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a);
 inline bool isCudaComm(fuscoComm_t comm) { return comm->impl->memType() == fuscoMemCuda; }

@@ -9,32 +9,6 @@ using namespace fusco;
 
 namespace {
 
-fuscoResult_t optionsFromConfig(const fuscoConfig_t* config, CommOptions* o) {
-  if (config == nullptr) return fuscoSuccess;
-  if (config->size != sizeof(fuscoConfig_t) || config->magic != FUSCO_CONFIG_MAGIC ||
-      config->version != FUSCO_CONFIG_VERSION)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                      "fuscoCommInitRankConfig: config has size %zu, magic 0x%x, version %u; "
-                      "expected %zu, 0x%x, %u (initialize it with FUSCO_CONFIG_INITIALIZER)",
-                      config->size, config->magic, config->version, sizeof(fuscoConfig_t),
-                      FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION);
-  if (config->memType != fuscoMemHost && config->memType != fuscoMemCuda)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "config.memType %d is not a memory type",
-                      (int)config->memType);
-  if (config->timeoutMs < 0 || config->localSize < 0 || config->pipelineDepth < 0)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                      "config: timeoutMs (%d), localSize (%d) and pipelineDepth (%d) must be >= 0",
-                      config->timeoutMs, config->localSize, config->pipelineDepth);
-  o->memType = config->memType;
-  o->cudaDevice = config->cudaDevice;
-  o->timeoutMs = config->timeoutMs;
-  o->localSize = config->localSize;
-  o->netDevices = config->netDevices ? config->netDevices : "";
-  o->chunkBytes = config->chunkBytes;
-  o->depth = config->pipelineDepth;
-  return fuscoSuccess;
-}
-
 fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, int rank,
                        const fuscoConfig_t* config) {
   paramsReload();
@@ -45,7 +19,7 @@ fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, i
     return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommInitRank: nranks %d must be > 0",
                       nranks);
   CommOptions opts;
-  FUSCO_CHECK(optionsFromConfig(config, &opts));
+  FUSCO_CHECK(commOptionsFromConfig(config, &opts));
   FUSCO_CHECK(bootstrapCheckId(id));
   if (opts.memType == fuscoMemCuda && !cudaBuilt())
     return FUSCO_FAIL(
@@ -57,7 +31,7 @@ fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, i
   FUSCO_CHECK(Communicator::create(id, nranks, rank, opts, &impl));
   fuscoComm_t c = new fuscoComm();
   c->impl = std::move(impl);
-  registerComm(c);
+  registerLive(LiveKind::Comm, c);
   *comm = c;
   return fuscoSuccess;
 }
@@ -181,10 +155,7 @@ fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void
           "fuscoCommRegister: buff (%p) and handle must be non-NULL and bytes (%zu) > 0", buff,
           bytes);
     FUSCO_CHECK(comm->impl->memRegister(buff, bytes));
-    // The handle is a heap cell so it stays unique even for equal ranges.
-    void* h = new char;
-    comm->impl->registrations[h] = {buff, bytes};
-    *handle = h;
+    *handle = comm->impl->addRegistration(buff, bytes);
     return fuscoSuccess;
   });
 }
@@ -192,16 +163,11 @@ fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void
 fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle) {
   return guarded(comm, "fuscoCommDeregister", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommDeregister"));
-    auto& regs = comm->impl->registrations;
-    auto it = regs.find(handle);
-    if (it == regs.end())
+    void* buff = nullptr;
+    if (!comm->impl->takeRegistration(handle, &buff))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoCommDeregister: %p is not a registration of this comm", handle);
-    void* buff = it->second.first;
-    regs.erase(it);
-    delete static_cast<char*>(handle);
-    FUSCO_CHECK(comm->impl->memDeregister(buff));
-    return fuscoSuccess;
+    return comm->impl->memDeregister(buff);
   });
 }
 

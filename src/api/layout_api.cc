@@ -1,13 +1,11 @@
 // Layout descriptors: validated once (counts pairwise, receive rows written at most once) by
 // fuscoLayoutCreate, then run many times by fuscoShuffle. Rows are gathered straight from the
 // send buffer and scattered straight into their final rows; no permuted copy is built.
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "api/api_internal.h"
-#include "core/checked_math.h"
 #include "engine/layout_op.h"
 #include "plan/layout_check.h"
 
@@ -28,19 +26,6 @@ void splitRows(const size_t counts[], const int64_t* rows, int n, const char* wh
   if (!splitLayoutRows(counts, rows, n, what, out, &msg)) a->fail("%s", msg.c_str());
 }
 
-// Every row index times rowBytes must be a byte offset that fits: a wrapped one would name
-// another row.
-void checkRowExtent(const std::vector<std::vector<int64_t>>& lists, size_t rowBytes,
-                    const char* what, ArgCheck* a) {
-  int64_t top = -1;
-  for (const auto& l : lists)
-    for (int64_t r : l) top = std::max(top, r);
-  size_t end = 0;
-  if (top >= 0 && !checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end))
-    a->fail("fuscoLayoutCreate: %s row %lld x rowBytes %zu overflows a byte offset", what,
-            static_cast<long long>(top), rowBytes);
-}
-
 }  // namespace
 
 extern "C" {
@@ -53,7 +38,7 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     int n = comm->impl->nranks();
     std::unique_ptr<fuscoLayout> l(new fuscoLayout());
     l->comm = comm;
-    l->commSerial = commSerial(comm);
+    l->commSerial = liveSerial(LiveKind::Comm, comm);
     LayoutPlan& plan = l->plan;
     plan.rowBytes = rowBytes;
     ArgCheck a;
@@ -61,12 +46,14 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     if (rowBytes == 0) a.fail("fuscoLayoutCreate: rowBytes is 0");
     splitRows(sendCounts, sendRows, n, "send", &plan.sendRows, &a);
     splitRows(recvCounts, recvRows, n, "recv", &plan.recvRows, &a);
-    if (a.ok() && rowBytes > 0) checkRowExtent(plan.sendRows, rowBytes, "send", &a);
-    if (a.ok() && rowBytes > 0) checkRowExtent(plan.recvRows, rowBytes, "recv", &a);
     std::string msg;
+    if (a.ok() && rowBytes > 0 &&
+        (!checkLayoutRowExtent(plan.sendRows, rowBytes, "send", &msg) ||
+         !checkLayoutRowExtent(plan.recvRows, rowBytes, "recv", &msg)))
+      a.fail("%s", msg.c_str());
     if (a.ok() && !checkUniqueRecvRows(plan.recvRows, &msg)) a.fail("%s", msg.c_str());
     FUSCO_CHECK(plan.create(*comm->impl, a));
-    registerObject(ObjectKind::Layout, l.get());
+    registerLive(LiveKind::Layout, l.get());
     *layout = l.release();
     return fuscoSuccess;
   });
@@ -74,9 +61,9 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
 
 fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t layout,
                            void* stream) {
-  fuscoComm_t comm = liveCommOf(ObjectKind::Layout, layout);
+  fuscoComm_t comm = liveCommOf(LiveKind::Layout, layout);
   return guarded(comm, "fuscoShuffle", CallKind::Collective, [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::Layout, layout, "fuscoShuffle"));
+    FUSCO_CHECK(checkObject(LiveKind::Layout, layout, "fuscoShuffle"));
     FUSCO_CHECK(checkOwnerComm(comm, layout, "fuscoShuffle"));
     FUSCO_CHECK(checkComm(comm, "fuscoShuffle"));
     ArgCheck a;
@@ -95,9 +82,9 @@ fuscoResult_t fuscoShuffle(const void* sendbuff, void* recvbuff, fuscoLayout_t l
 
 fuscoResult_t fuscoLayoutDestroy(fuscoLayout_t layout) {
   return guarded(nullptr, "fuscoLayoutDestroy", [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::Layout, layout, "fuscoLayoutDestroy"));
+    FUSCO_CHECK(checkObject(LiveKind::Layout, layout, "fuscoLayoutDestroy"));
     // Only the call that takes it out of the registry frees it: a second destroy fails above.
-    if (!unregisterObject(ObjectKind::Layout, layout))
+    if (!unregisterLive(LiveKind::Layout, layout))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoLayoutDestroy: %p is not a live layout (destroyed or never created)",
                         static_cast<void*>(layout));

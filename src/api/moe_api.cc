@@ -6,6 +6,7 @@
 #include "api/api_internal.h"
 #include "core/checked_math.h"
 #include "moe/moe.h"
+#include "moe/moe_config.h"
 
 struct fuscoMoeHandle {
   fuscoComm_t comm = nullptr;
@@ -16,29 +17,6 @@ struct fuscoMoeHandle {
 using namespace fusco;
 
 namespace {
-
-void checkMoeConfig(const fuscoMoeConfig_t* cfg, ArgCheck* a) {
-  if (cfg == nullptr) return a->fail("fuscoMoePlan: config is NULL");
-  if (cfg->size != sizeof(fuscoMoeConfig_t) || cfg->magic != FUSCO_MOE_CONFIG_MAGIC ||
-      cfg->version != FUSCO_MOE_CONFIG_VERSION)
-    return a->fail(
-        "fuscoMoePlan: config has size %zu, magic 0x%x, version %u; expected %zu, 0x%x, %u "
-        "(initialize it with FUSCO_MOE_CONFIG_INITIALIZER)",
-        cfg->size, cfg->magic, cfg->version, sizeof(fuscoMoeConfig_t), FUSCO_MOE_CONFIG_MAGIC,
-        FUSCO_MOE_CONFIG_VERSION);
-  if (cfg->dedup < FUSCO_DEDUP_AUTO || cfg->dedup > FUSCO_DEDUP_NODE)
-    a->fail("fuscoMoePlan: config.dedup %d is not a FUSCO_DEDUP_* value", cfg->dedup);
-  if (cfg->balance < FUSCO_BALANCE_AUTO || cfg->balance > FUSCO_BALANCE_GREEDY)
-    a->fail("fuscoMoePlan: config.balance %d is not a FUSCO_BALANCE_* value", cfg->balance);
-  if (cfg->numExperts < 1 || cfg->numExperts > kMaxExperts)
-    a->fail("fuscoMoePlan: config.numExperts %d outside the supported range [1, %d]",
-            cfg->numExperts, kMaxExperts);
-  if (cfg->expertAlignment < 0 || cfg->expertAlignment > kMaxExpertAlignment)
-    a->fail(
-        "fuscoMoePlan: config.expertAlignment %d outside the supported range [0, %d] (0 or 1: "
-        "no padding)",
-        cfg->expertAlignment, kMaxExpertAlignment);
-}
 
 ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size_t rowBytes,
                        void* recvX, void* stream) {
@@ -95,10 +73,10 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
                            int topk, void* stream) {
   return guarded(comm, "fuscoMoePlan", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoMoePlan"));
-    FUSCO_CHECK(injectFault(comm, FaultPhase::Plan));
+    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Plan));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
     h->comm = comm;
-    h->commSerial = commSerial(comm);
+    h->commSerial = liveSerial(LiveKind::Comm, comm);
     h->impl.comm = comm->impl.get();
     h->impl.numTokens = numTokens;
     h->impl.topk = topk;
@@ -110,7 +88,7 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
       a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
     checkDevicePtr(comm, topkIdx, "fuscoMoePlan", "topkIdx", &a);
     FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
-    registerObject(ObjectKind::MoeHandle, h.get());
+    registerLive(LiveKind::MoeHandle, h.get());
     *handle = h.release();
     return fuscoSuccess;
   });
@@ -118,12 +96,12 @@ fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
 
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
-  fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
+  fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
   return guarded(comm, "fuscoMoeDispatch", CallKind::Collective, [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeDispatch"));
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
-    FUSCO_CHECK(injectFault(comm, FaultPhase::Dispatch));
+    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Dispatch));
     MoeHandle& h = handle->impl;
     const ArgCheck a = checkDispatch(comm, h, x, rowBytes, recvX, stream);
     return moeDispatch(h, x, rowBytes, recvX, a, stream);
@@ -133,12 +111,12 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
 fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream) {
-  fuscoComm_t comm = liveCommOf(ObjectKind::MoeHandle, handle);
+  fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
   return guarded(comm, "fuscoMoeCombine", CallKind::Collective, [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeCombine"));
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
-    FUSCO_CHECK(injectFault(comm, FaultPhase::Combine));
+    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Combine));
     MoeHandle& h = handle->impl;
     const int dt = rawEnum(datatype);
     const ArgCheck a = checkCombine(comm, h, expertOut, dt, hidden, topkWeights, out, stream);
@@ -151,7 +129,7 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
 fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows,
                                     int64_t* tokensPerLocalExpert) {
   return guarded(nullptr, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
     const MoeRecvPlan& recv = handle->impl.recv;
@@ -165,7 +143,7 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
 
 fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) {
   return guarded(nullptr, "fuscoMoeGetStats", [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeGetStats"));
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetStats"));
     if (stats == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetStats: stats is NULL");
     if (stats->size != sizeof(fuscoMoeStats_t))
@@ -180,9 +158,9 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
   return guarded(nullptr, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkObject(ObjectKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
     // Only the call that takes it out of the registry frees it: a second destroy fails above.
-    if (!unregisterObject(ObjectKind::MoeHandle, handle))
+    if (!unregisterLive(LiveKind::MoeHandle, handle))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeHandleDestroy: %p is not a live MoE handle (destroyed or never "
                         "created)",

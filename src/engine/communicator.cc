@@ -85,6 +85,32 @@ FUSCO_PARAM_INT(PipelineDepth, "FUSCO_PIPELINE_DEPTH", 0, 0, kMaxDepth,
 FUSCO_PARAM_INT(LivenessMs, "FUSCO_LIVENESS_MS", 100, 1, INT32_MAX,
                 "how often a waiting rank checks that its peers are alive, in milliseconds");
 
+fuscoResult_t commOptionsFromConfig(const fuscoConfig_t* config, CommOptions* o) {
+  if (config == nullptr) return fuscoSuccess;
+  if (config->size != sizeof(fuscoConfig_t) || config->magic != FUSCO_CONFIG_MAGIC ||
+      config->version != FUSCO_CONFIG_VERSION)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "fuscoCommInitRankConfig: config has size %zu, magic 0x%x, version %u; "
+                      "expected %zu, 0x%x, %u (initialize it with FUSCO_CONFIG_INITIALIZER)",
+                      config->size, config->magic, config->version, sizeof(fuscoConfig_t),
+                      FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION);
+  if (config->memType != fuscoMemHost && config->memType != fuscoMemCuda)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "config.memType %d is not a memory type",
+                      (int)config->memType);
+  if (config->timeoutMs < 0 || config->localSize < 0 || config->pipelineDepth < 0)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "config: timeoutMs (%d), localSize (%d) and pipelineDepth (%d) must be >= 0",
+                      config->timeoutMs, config->localSize, config->pipelineDepth);
+  o->memType = config->memType;
+  o->cudaDevice = config->cudaDevice;
+  o->timeoutMs = config->timeoutMs;
+  o->localSize = config->localSize;
+  o->netDevices = config->netDevices ? config->netDevices : "";
+  o->chunkBytes = config->chunkBytes;
+  o->depth = config->pipelineDepth;
+  return fuscoSuccess;
+}
+
 fuscoResult_t Communicator::resolveOptions(const CommOptions& o) {
   ctx_.memType = o.memType;
   ctx_.netDevices = !o.netDevices.empty() ? o.netDevices : paramNetDevices();
@@ -329,7 +355,26 @@ Communicator::~Communicator() {
   for (auto& t : transports_) t.first->close(t.second);
   for (auto& kv : plainAllocs_) free(kv.first);
   for (auto& kv : deviceAllocs_) cudaFreeDevice(kv.first);
-  for (auto& kv : registrations) delete static_cast<char*>(kv.first);
+  for (auto& kv : registrations_) delete static_cast<char*>(kv.first);
+}
+
+fuscoResult_t Communicator::injectFault(FaultPhase phase) {
+  return faultPoint(phase, rank_, [&](const char* w) { markBroken(fuscoRemoteError, w); });
+}
+
+void* Communicator::addRegistration(void* buff, size_t bytes) {
+  void* h = new char;  // a heap cell, so a handle stays unique even for equal ranges
+  registrations_[h] = {buff, bytes};
+  return h;
+}
+
+bool Communicator::takeRegistration(void* handle, void** buff) {
+  auto it = registrations_.find(handle);
+  if (it == registrations_.end()) return false;
+  *buff = it->second.first;
+  registrations_.erase(it);
+  delete static_cast<char*>(handle);
+  return true;
 }
 
 fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {

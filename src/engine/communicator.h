@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/bootstrap.h"
+#include "core/fault.h"
 #include "core/topology.h"
 #include "engine/device_watch.h"
 #include "fusco.h"
@@ -27,6 +28,10 @@ struct CommOptions {
   size_t chunkBytes = 0;   // 0: FUSCO_CHUNK_BYTES or auto
   int depth = 0;           // 0: FUSCO_PIPELINE_DEPTH or auto
 };
+
+// The options of fuscoCommInitRankConfig's config (NULL: the defaults) into *o, after checking its
+// size, magic and version and the range of its fields: fuscoInvalidArgument saying why otherwise.
+fuscoResult_t commOptionsFromConfig(const fuscoConfig_t* config, CommOptions* o);
 
 // FUSCO_LIVENESS_MS: how often a waiting rank checks that its peers are alive (engine waits and the
 // CUDA path's device watch), in milliseconds.
@@ -100,6 +105,8 @@ class Communicator {
   // A copy: the watch thread of a CUDA comm may break the comm while a call reads the message.
   std::string brokenMessage() const;
   void markBroken(fuscoResult_t r, const std::string& msg);
+  // A fault injected at this phase (FUSCO_FAULT) breaks the comm as a dead peer would.
+  fuscoResult_t injectFault(FaultPhase phase);
   // fuscoCommAbort from any thread: blocked waits notice it and return.
   void requestAbort() { abortRequested_ = true; }
   bool abortRequested() const { return abortRequested_.load(std::memory_order_relaxed); }
@@ -137,6 +144,10 @@ class Communicator {
   // fuscoCommRegister / fuscoCommDeregister of device buffers: peers may then write them directly.
   fuscoResult_t memRegister(void* ptr, size_t bytes);
   fuscoResult_t memDeregister(void* ptr);
+  // The handle fuscoCommRegister returns for a registered range (freed with the comm if never
+  // taken back), and taking it back: false when handle is not one of this comm's registrations.
+  void* addRegistration(void* buff, size_t bytes);
+  bool takeRegistration(void* handle, void** buff);
   // Completion flags shared with a peer, and the counters of the data operations between this
   // rank and the peer in each direction (both sides count the same operations).
   fuscoResult_t deviceFlags(int peer, DeviceFlags* out) const;
@@ -145,7 +156,6 @@ class Communicator {
   DeviceWatch* watch() { return watch_.get(); }
 
   std::string lastError;  // message of the last failed call on this comm (set by the API layer)
-  std::map<void*, std::pair<void*, size_t>> registrations;  // handle -> range
   std::atomic<int> activeCalls{0};
 
  private:
@@ -174,6 +184,7 @@ class Communicator {
   std::map<void*, size_t> plainAllocs_;
   std::map<void*, size_t> deviceAllocs_;  // a CUDA comm without a device transport (one rank)
   std::map<int, std::pair<void*, size_t>> scratch_;
+  std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;
   std::unique_ptr<DeviceWatch> watch_;

@@ -253,4 +253,10 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
   return r;
 }
 
+fuscoResult_t runOp(Communicator& comm, Op& op, const ArgCheck& a) {
+  op.argStatus = a.status;
+  op.argError = a.message;
+  return runOp(comm, op);
+}
+
 }  // namespace fusco

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arg_check.h"
 #include "device/row_copy.h"
 #include "engine/communicator.h"
 #include "fusco.h"
@@ -62,5 +63,8 @@ struct Op {
 // Runs op on comm. Returns fuscoSuccess only if the operation completed on this rank (and, for a
 // collective, validated on every rank). Failures after validation break the communicator.
 fuscoResult_t runOp(Communicator& comm, Op& op);
+// Same, with this rank's own argument check in the op (argStatus, argError): a rank whose check
+// failed still runs the header exchange, so its peers get its message instead of waiting.
+fuscoResult_t runOp(Communicator& comm, Op& op, const ArgCheck& a);
 
 }  // namespace fusco

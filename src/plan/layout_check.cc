@@ -21,6 +21,27 @@ std::string format(const char* fmt, ...) {
   return buf;
 }
 
+// One side of fuscoAllToAllv: every count and displacement in bytes, and their sum, without
+// overflow; the byte ranges appended to *ranges.
+bool checkVSide(int n, const void* buff, const size_t counts[], const size_t displs[], size_t es,
+                const char* side, std::vector<ByteRange>* ranges, std::string* msg) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(buff);
+  size_t total = 0;
+  for (int p = 0; p < n; ++p) {
+    size_t end = 0, bytes = 0;
+    if (!checkedEnd(displs[p], counts[p], es, &end) || !checkedAdd(total, counts[p], &total) ||
+        !checkedMul(total, es, &bytes) || end > UINTPTR_MAX - b) {
+      *msg = format(
+          "fuscoAllToAllv: %scounts[%d] = %zu at %sdispls[%d] = %zu of %zu-byte "
+          "elements overflows a byte size (or the sum of the counts does)",
+          side, p, counts[p], side, p, displs[p], es);
+      return false;
+    }
+    ranges->push_back(ByteRange{b + displs[p] * es, b + end});
+  }
+  return true;
+}
+
 }  // namespace
 
 bool splitLayoutRows(const size_t counts[], const int64_t* rows, int n, const char* what,
@@ -72,19 +93,38 @@ bool checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, std::str
   return false;
 }
 
-bool checkRowIndices(const int64_t* rows, size_t nrows, bool unique, const char* fn,
-                     std::string* msg) {
+bool checkLayoutRowExtent(const std::vector<std::vector<int64_t>>& lists, size_t rowBytes,
+                          const char* what, std::string* msg) {
+  int64_t top = -1;
+  for (const auto& l : lists)
+    for (int64_t r : l) top = std::max(top, r);
+  size_t end = 0;
+  if (top < 0 || checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end)) return true;
+  *msg = format("fuscoLayoutCreate: %s row %lld x rowBytes %zu overflows a byte offset", what,
+                static_cast<long long>(top), rowBytes);
+  return false;
+}
+
+bool checkRowIndices(const int64_t* rows, size_t nrows, size_t rowBytes, bool unique,
+                     const char* fn, std::string* msg) {
+  int64_t top = 0;
   for (size_t i = 0; i < nrows; ++i) {
+    top = std::max(top, rows[i]);
     if (rows[i] >= 0) continue;
     *msg = format("%s: rowIdx[%zu] = %lld is negative", fn, i, static_cast<long long>(rows[i]));
     return false;
   }
-  if (!unique || nrows < 2) return true;
-  std::vector<int64_t> sorted(rows, rows + nrows);
+  std::vector<int64_t> sorted(rows, rows + (unique ? nrows : 0));
   std::sort(sorted.begin(), sorted.end());
   auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  if (dup == sorted.end()) return true;
-  *msg = format("%s: receive row %lld appears more than once", fn, static_cast<long long>(*dup));
+  if (dup != sorted.end()) {
+    *msg = format("%s: receive row %lld appears more than once", fn, static_cast<long long>(*dup));
+    return false;
+  }
+  size_t end = 0;
+  if (nrows == 0 || checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end)) return true;
+  *msg = format("%s: row %lld x rowBytes %zu overflows a byte offset", fn,
+                static_cast<long long>(top), rowBytes);
   return false;
 }
 
@@ -112,6 +152,35 @@ bool findSendRecvOverlap(const std::vector<ByteRange>& sends, const std::vector<
     *recvAt = reach[before - 1];
     return true;
   }
+  return false;
+}
+
+bool checkAllToAllOverlap(const void* sendbuff, const void* recvbuff, size_t bytes,
+                          std::string* msg) {
+  const uintptr_t s = reinterpret_cast<uintptr_t>(sendbuff),
+                  r = reinterpret_cast<uintptr_t>(recvbuff);
+  if (s == r || s >= r + bytes || r >= s + bytes) return true;
+  *msg = format(
+      "fuscoAllToAll: sendbuff %p and recvbuff %p overlap over %zu bytes each; pass the same "
+      "pointer for an in-place all-to-all, or separate buffers",
+      sendbuff, recvbuff, bytes);
+  return false;
+}
+
+bool checkAllToAllvSizes(int n, const void* sendbuff, const size_t sendcounts[],
+                         const size_t sdispls[], const void* recvbuff, const size_t recvcounts[],
+                         const size_t rdispls[], size_t elemBytes, std::string* msg) {
+  std::vector<ByteRange> sends, recvs;
+  if (!checkVSide(n, sendbuff, sendcounts, sdispls, elemBytes, "send", &sends, msg) ||
+      !checkVSide(n, recvbuff, recvcounts, rdispls, elemBytes, "recv", &recvs, msg))
+    return false;
+  size_t si = 0, ri = 0;
+  if (!findSendRecvOverlap(sends, recvs, &si, &ri)) return true;
+  *msg = format(
+      "fuscoAllToAllv: the send block for rank %zu overlaps the receive block from rank %zu "
+      "(send and receive ranges of one call must not overlap; fuscoAllToAll supports "
+      "sendbuff == recvbuff)",
+      si, ri);
   return false;
 }
 
