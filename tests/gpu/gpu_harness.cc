@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <regex>
 #include <sstream>
 #include <utility>
 
@@ -108,15 +107,6 @@ GpuProbe runProbe() {
             "." + std::to_string(p.ccMinor) + "; this build targets sm_90 and newer";
   }
   return p;
-}
-
-const std::regex& rankRegex(int r) {
-  thread_local std::vector<std::pair<int, std::regex>> cache;
-  for (const auto& c : cache)
-    if (c.first == r) return c.second;
-  cache.emplace_back(r, std::regex("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])",
-                                   std::regex::icase));
-  return cache.back().second;
 }
 
 }  // namespace
@@ -360,7 +350,5 @@ bool isDevicePointer(const void* p) {
     return ::testing::AssertionFailure() << what << " wrote past the receive buffer";
   return ok;
 }
-
-bool namesRank(const std::string& msg, int r) { return std::regex_search(msg, rankRegex(r)); }
 
 }  // namespace fusco::test::gpu

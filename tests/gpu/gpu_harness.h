@@ -187,7 +187,6 @@ bool isDevicePointer(const void* p);
                                               fuscoDataType_t dt, uint64_t seed, Mem sendKind,
                                               Mem recvKind, bool uniform, cudaStream_t stream);
 
-// "rank 2", "peer 2", "rank=2", "rank #2" (case-insensitive) in msg.
-bool namesRank(const std::string& msg, int r);
+using fusco::test::namesRank;
 
 }  // namespace fusco::test::gpu

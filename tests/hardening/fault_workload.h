@@ -22,6 +22,8 @@
 
 namespace fusco::hardening {
 
+using fusco::test::namesRank;
+
 enum Step : int { kInit = 0, kPlan, kDispatch, kCombine, kAllToAll };
 constexpr int kMaxSteps = 32;
 constexpr int kInProgress = -1;  // result of a step whose call never returned
@@ -88,13 +90,6 @@ class SharedReports {
 };
 
 // "rank 2", "peer 2", "rank(s) 1,2": the message names rank r.
-inline bool namesRank(const std::string& msg, int r) {
-  std::regex re(
-      "(rank|peer)(\\(s\\))?\\s*[#=:]?\\s*([0-9]+\\s*,\\s*)*" + std::to_string(r) + "(?![0-9])",
-      std::regex::icase);
-  return std::regex_search(msg, re);
-}
-
 inline bool isFaultError(int r) { return r == fuscoRemoteError || r == fuscoTimeout; }
 
 // Child processes of this process that still exist (a fault test must leave none behind).

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -280,6 +281,13 @@ std::string describeStatus(int status) {
 double nowSec() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+bool namesRank(const std::string& msg, int r) {
+  std::regex re(
+      "(rank|peer)(\\(s\\))?s?\\s*[#=:]?\\s*([0-9]+\\s*,\\s*)*" + std::to_string(r) + "(?![0-9])",
+      std::regex::icase);
+  return std::regex_search(msg, re);
 }
 
 std::vector<std::string> fuscoShmEntries() {

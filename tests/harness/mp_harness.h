@@ -58,6 +58,10 @@ fuscoComm_t initComm(const RankCtx& ctx, const fuscoConfig_t* config = nullptr);
 // Seconds since an arbitrary point (steady clock), for "returns promptly" assertions.
 double nowSec();
 
+// True when msg names rank r the way the library's messages do: "rank 3", "peer #3",
+// "rank=3", "ranks 1, 3" (case-insensitive; 3 is not matched inside 13 or 30).
+bool namesRank(const std::string& msg, int r);
+
 // Names of /dev/shm entries whose name contains "fusco" (sorted).
 std::vector<std::string> fuscoShmEntries();
 

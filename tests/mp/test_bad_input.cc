@@ -17,6 +17,7 @@ namespace {
 
 using fusco::test::initComm;
 using fusco::test::makeA2avLayout;
+using fusco::test::namesRank;
 using fusco::test::nowSec;
 using fusco::test::RankCtx;
 using fusco::test::runRanks;
@@ -32,11 +33,6 @@ fuscoConfig_t badInputConfig() {
 bool isPeerError(fuscoResult_t r) { return r == fuscoInvalidUsage || r == fuscoRemoteError; }
 
 // "rank 2", "Rank 2", "peer 2", "rank=2", "rank #2".
-bool namesRank(const std::string& msg, int r) {
-  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])", std::regex::icase);
-  return std::regex_search(msg, re);
-}
-
 struct Timed {
   fuscoResult_t r;
   double sec;

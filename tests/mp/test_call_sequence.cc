@@ -29,6 +29,7 @@ using fusco::test::MoeCase;
 using fusco::test::moeConfig;
 using fusco::test::MoeRefProblem;
 using fusco::test::MpOptions;
+using fusco::test::namesRank;
 using fusco::test::nowSec;
 using fusco::test::RankCtx;
 using fusco::test::runRanks;
@@ -40,11 +41,6 @@ fuscoConfig_t seqConfig() {
   fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
   cfg.timeoutMs = 20000;
   return cfg;
-}
-
-bool namesRank(const std::string& msg, int r) {
-  std::regex re("rank\\s*" + std::to_string(r) + "(?![0-9])", std::regex::icase);
-  return std::regex_search(msg, re);
 }
 
 MoeCase moeCase() {

@@ -23,6 +23,7 @@ namespace {
 using fusco::test::initComm;
 using fusco::test::makeA2avLayout;
 using fusco::test::MpOptions;
+using fusco::test::namesRank;
 using fusco::test::nowSec;
 using fusco::test::RankCtx;
 using fusco::test::runRanks;
@@ -34,11 +35,6 @@ fuscoConfig_t faultConfig(int timeoutMs = kTimeoutMs) {
   fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
   cfg.timeoutMs = timeoutMs;
   return cfg;
-}
-
-bool namesRank(const std::string& msg, int r) {
-  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])", std::regex::icase);
-  return std::regex_search(msg, re);
 }
 
 bool isFaultError(fuscoResult_t r) { return r == fuscoRemoteError || r == fuscoTimeout; }

@@ -17,6 +17,7 @@
 namespace {
 
 using fusco::test::initComm;
+using fusco::test::namesRank;
 using fusco::test::RankCtx;
 using fusco::test::runRanks;
 
@@ -27,11 +28,6 @@ fuscoConfig_t quickConfig() {
   fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
   cfg.timeoutMs = 20000;
   return cfg;
-}
-
-bool namesRank(const std::string& msg, int r) {
-  std::regex re("(rank|peer)\\s*[#=:]?\\s*" + std::to_string(r) + "(?![0-9])", std::regex::icase);
-  return std::regex_search(msg, re);
 }
 
 // badRank gets fuscoInvalidArgument naming fn and "overflows"; the others an error naming it.
