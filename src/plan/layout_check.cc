@@ -21,6 +21,21 @@ std::string format(const char* fmt, ...) {
   return buf;
 }
 
+// Whether a row is listed more than once in rows (sorted in place); *dup: the smallest such.
+bool findDuplicate(std::vector<int64_t>* rows, int64_t* dup) {
+  std::sort(rows->begin(), rows->end());
+  auto at = std::adjacent_find(rows->begin(), rows->end());
+  if (at == rows->end()) return false;
+  *dup = *at;
+  return true;
+}
+
+// Whether the byte end of row `top` (the largest index, non-negative) fits in a size_t.
+bool rowEndFits(int64_t top, size_t rowBytes) {
+  size_t end = 0;
+  return checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end);
+}
+
 // One side of fuscoAllToAllv: every count and displacement in bytes, and their sum, without
 // overflow; the byte ranges appended to *ranges.
 bool checkVSide(int n, const void* buff, const size_t counts[], const size_t displs[], size_t es,
@@ -83,13 +98,12 @@ bool splitLayoutRows(const size_t counts[], const int64_t* rows, int n, const ch
 bool checkUniqueRecvRows(const std::vector<std::vector<int64_t>>& recv, std::string* msg) {
   std::vector<int64_t> all;
   for (const auto& v : recv) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end());
-  auto dup = std::adjacent_find(all.begin(), all.end());
-  if (dup == all.end()) return true;
+  int64_t dup = 0;
+  if (!findDuplicate(&all, &dup)) return true;
   *msg = format(
       "fuscoLayoutCreate: receive row %lld appears more than once (each receive row is written "
       "once)",
-      static_cast<long long>(*dup));
+      static_cast<long long>(dup));
   return false;
 }
 
@@ -98,8 +112,7 @@ bool checkLayoutRowExtent(const std::vector<std::vector<int64_t>>& lists, size_t
   int64_t top = -1;
   for (const auto& l : lists)
     for (int64_t r : l) top = std::max(top, r);
-  size_t end = 0;
-  if (top < 0 || checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end)) return true;
+  if (top < 0 || rowEndFits(top, rowBytes)) return true;
   *msg = format("fuscoLayoutCreate: %s row %lld x rowBytes %zu overflows a byte offset", what,
                 static_cast<long long>(top), rowBytes);
   return false;
@@ -115,14 +128,12 @@ bool checkRowIndices(const int64_t* rows, size_t nrows, size_t rowBytes, bool un
     return false;
   }
   std::vector<int64_t> sorted(rows, rows + (unique ? nrows : 0));
-  std::sort(sorted.begin(), sorted.end());
-  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  if (dup != sorted.end()) {
-    *msg = format("%s: receive row %lld appears more than once", fn, static_cast<long long>(*dup));
+  int64_t dup = 0;
+  if (findDuplicate(&sorted, &dup)) {
+    *msg = format("%s: receive row %lld appears more than once", fn, static_cast<long long>(dup));
     return false;
   }
-  size_t end = 0;
-  if (nrows == 0 || checkedEnd(static_cast<size_t>(top), 1, rowBytes, &end)) return true;
+  if (nrows == 0 || rowEndFits(top, rowBytes)) return true;
   *msg = format("%s: row %lld x rowBytes %zu overflows a byte offset", fn,
                 static_cast<long long>(top), rowBytes);
   return false;
