@@ -124,7 +124,10 @@ fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError
     FUSCO_CHECK(checkComm(comm, "fuscoCommGetAsyncError"));
     if (asyncError == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommGetAsyncError: asyncError is NULL");
-    *asyncError = comm->impl->brokenResult();
+    std::string why;
+    *asyncError = comm->impl->takeAsyncError(&why);
+    // fuscoGetLastError(comm) says what the reported error was.
+    if (*asyncError != fuscoSuccess) comm->impl->lastError = why;
     return fuscoSuccess;
   });
 }

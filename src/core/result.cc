@@ -36,6 +36,7 @@ const char* resultName(fuscoResult_t r) {
 
 const std::string& threadLastError() { return tLastError; }
 void clearThreadLastError() { tLastError.clear(); }
+void setThreadLastError(const std::string& msg) { tLastError = msg; }
 
 fuscoResult_t setError(fuscoResult_t r, Subsys s, const char* file, int line, const char* fmt,
                        ...) {

@@ -16,6 +16,8 @@ const char* resultName(fuscoResult_t r);
 // Thread-local message of the most recent failure (set by setError / FUSCO_FAIL).
 const std::string& threadLastError();
 void clearThreadLastError();
+// Sets the thread's last error without logging (a message carried over from another thread).
+void setThreadLastError(const std::string& msg);
 
 // Records msg as the thread's last error and logs it at WARN. Returns r for `return` chaining.
 fuscoResult_t setError(fuscoResult_t r, Subsys s, const char* file, int line, const char* fmt, ...)

@@ -143,6 +143,47 @@ void cudaDeviceSyncQuiet() {
   cudaGetLastError();
 }
 
+namespace {
+// Relaxed capture mode for the scope: allocations are legal while another stream is captured.
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
+}  // namespace
+
+fuscoResult_t cudaAllocMapped(size_t bytes, void** host, void** dev) {
+  RelaxedCapture relaxed;
+  *host = *dev = nullptr;
+  FUSCO_CUDACHECK(cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable), kEngine);
+  cudaError_t e = cudaHostGetDevicePointer(dev, *host, 0);
+  if (e != cudaSuccess) {
+    cudaFreeHost(*host);
+    *host = nullptr;
+    return FUSCO_CUDA_FAIL(e, kEngine, "mapping pinned host memory for the device");
+  }
+  return fuscoSuccess;
+}
+
+void cudaFreeMapped(void* host) {
+  if (host == nullptr) return;
+  RelaxedCapture relaxed;
+  cudaFreeHost(host);
+  cudaGetLastError();
+}
+
+fuscoResult_t cudaStreamCapturing(void* stream, bool* capturing) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  FUSCO_CUDACHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st), kEngine);
+  *capturing = st != cudaStreamCaptureStatusNone;
+  return fuscoSuccess;
+}
+
+void cudaRelaxCaptureOnThisThread() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+}
+
 DeviceBuffer::~DeviceBuffer() {
   if (event_) {
     cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
@@ -181,6 +222,17 @@ fuscoResult_t DeviceBuffer::upload(size_t bytes, void* stream) {
 }
 
 fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
+  bool capturing = false;
+  if (event_) FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
+  if (capturing) {
+    // A graph cannot wait on work recorded outside it: the upload must be complete already.
+    cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+    if (q == cudaSuccess) return fuscoSuccess;
+    cudaGetLastError();
+    return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                      "the plan's index lists are still being uploaded: synchronize the plan's "
+                      "stream before capturing a call that uses it");
+  }
   if (event_)
     FUSCO_CUDACHECK(
         cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
@@ -209,11 +261,27 @@ fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuil
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }
 void cudaDeviceSyncQuiet() {}
+fuscoResult_t cudaAllocMapped(size_t, void** host, void** dev) {
+  *host = *dev = nullptr;
+  return notBuilt();
+}
+void cudaFreeMapped(void*) {}
+fuscoResult_t cudaStreamCapturing(void*, bool* capturing) {
+  *capturing = false;
+  return notBuilt();
+}
+void cudaRelaxCaptureOnThisThread() {}
 DeviceBuffer::~DeviceBuffer() = default;
 fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
+size_t deviceCopyBatchBytes() { return 0; }
+size_t deviceCopyBatchSlots(size_t) { return 0; }
+fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>&, void*, size_t) {
+  return notBuilt();
+}
+fuscoResult_t deviceCopyDeferred(const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) {
   return notBuilt();
 }

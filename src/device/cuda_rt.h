@@ -36,6 +36,16 @@ fuscoResult_t cudaFreeDevice(void* ptr);
 fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream);
 // Copies bytes between two device buffers on `stream` (stream-ordered, no host wait).
 fuscoResult_t cudaCopyDeviceAsync(void* dst, const void* src, size_t bytes, void* stream);
+// Pinned host memory the device reads and writes directly (mapped): *host for this process,
+// *dev for kernels and stream memory operations. Safe to call while a stream of the process is
+// being captured into a CUDA graph.
+fuscoResult_t cudaAllocMapped(size_t bytes, void** host, void** dev);
+void cudaFreeMapped(void* host);
+// Whether `stream` is being captured into a CUDA graph now.
+fuscoResult_t cudaStreamCapturing(void* stream, bool* capturing);
+// Lets the calling thread allocate and free while another thread captures a stream (the CUDA
+// path's progress thread; cudaThreadExchangeStreamCaptureMode, relaxed).
+void cudaRelaxCaptureOnThisThread();
 // Waits for all work of the current device (teardown only).
 void cudaDeviceSyncQuiet();
 

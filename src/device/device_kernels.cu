@@ -23,7 +23,7 @@ constexpr int kCopyThreads = 256;  // 8 warps, one row each at a time
 constexpr int kUnroll = 4;         // 16-byte loads in flight per lane
 constexpr int kSumThreads = 128;   // one summed token per block
 
-struct CopyBatch {
+struct alignas(16) CopyBatch {
   DevCopyTask t[kBatch];
   uint64_t rowStart[kBatch + 1];
   uint32_t vec;  // bit i: task i may use 16-byte accesses
@@ -64,7 +64,7 @@ __device__ __forceinline__ void warpCopy(const char* s, char* const* dsts, int n
 
 constexpr int kMaxFan = 8;  // destinations per pass over a row (more: the row is read again per 8)
 
-__global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant__ CopyBatch b) {
+__device__ __forceinline__ void copyRows(const CopyBatch& b) {
   const int lane = threadIdx.x & 31;
   const uint64_t nwarps = (static_cast<uint64_t>(gridDim.x) * blockDim.x) >> 5;
   const uint64_t total = b.rowStart[b.n];
@@ -102,6 +102,28 @@ __global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant
       else
         warpCopy<false>(s, dsts, nd, len, lane);
     }
+  }
+}
+
+__global__ void __launch_bounds__(kCopyThreads) copyKernel(const __grid_constant__ CopyBatch b) {
+  copyRows(b);
+}
+
+// Deferred copies: the batches are read from memory the progress thread filled (pinned host
+// memory, rewritten for every operation): each block stages a batch in shared memory with loads
+// that bypass the caches, then copies its share of the batch's rows.
+__global__ void __launch_bounds__(kCopyThreads)
+    copyDeferredKernel(const CopyBatch* batches, uint32_t slots) {
+  __shared__ uint4 raw[sizeof(CopyBatch) / sizeof(uint4)];  // no constructor runs on shared memory
+  CopyBatch& b = *reinterpret_cast<CopyBatch*>(raw);
+  constexpr int kWords = sizeof(CopyBatch) / sizeof(uint4);
+  static_assert(sizeof(CopyBatch) % sizeof(uint4) == 0, "a batch is loaded in 16-byte words");
+  for (uint32_t i = 0; i < slots; ++i) {
+    const uint4* src = reinterpret_cast<const uint4*>(batches + i);
+    for (int w = threadIdx.x; w < kWords; w += blockDim.x) raw[w] = __ldcv(src + w);
+    __syncthreads();
+    if (b.n > 0) copyRows(b);
+    __syncthreads();  // every warp is done with this batch before the next is staged
   }
 }
 
@@ -249,8 +271,13 @@ __device__ __forceinline__ void sumTerms(int nt, uint64_t j0, uint64_t nvec, Ter
 
 template <int kDt, int V>
 __global__ void __launch_bounds__(kSumThreads)
-    finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden) {
+    finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden, uint32_t gateWant) {
   __shared__ Term staged[kTermsShared];
+  // Bases filled after the launch (basesAlignedAt): only the variant their alignment allows runs.
+  // gateWant 1: run when they are aligned; 2: when they are not; 0: always.
+  if (f.basesAlignedAt != nullptr && gateWant != 0 &&
+      (__ldcv(f.basesAlignedAt) != 0) != (gateWant == 1))
+    return;
   const uint64_t rowBytes = hidden * Elem<kDt>::kSize;
   const uint64_t nvec = hidden / V;
   for (uint64_t t = blockIdx.x; t < f.ntokens; t += gridDim.x) {
@@ -259,7 +286,9 @@ __global__ void __launch_bounds__(kSumThreads)
     auto load = [&](int k) {
       const int64_t wi = f.termWeight[k0 + k];
       const bool plain = wi < 0 || f.weights == nullptr;
-      return Term{f.bases[f.termRank[k0 + k]] + static_cast<uint64_t>(f.termRow[k0 + k]) * rowBytes,
+      const char* base = reinterpret_cast<const char*>(
+          __ldcv(reinterpret_cast<const unsigned long long*>(f.bases) + f.termRank[k0 + k]));
+      return Term{base + static_cast<uint64_t>(f.termRow[k0 + k]) * rowBytes,
                   plain ? 1.0f : f.weights[wi], plain, f.termLast[k0 + k] != 0};
     };
     __syncthreads();  // the previous token's staged terms are no longer read
@@ -340,15 +369,43 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 template <int kDt>
 fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
-  const bool vec = (hidden * Elem<kDt>::kSize) % 16 == 0 && f.basesAligned && aligned16(f.out);
+  const bool shape = (hidden * Elem<kDt>::kSize) % 16 == 0 && aligned16(f.out);
   constexpr int V = 16 / Elem<kDt>::kSize;
   static const int perSmVec = residentPerSm(finalSumKernel<kDt, V>, kSumThreads);
   static const int perSmOne = residentPerSm(finalSumKernel<kDt, 1>, kSumThreads);
-  if (vec)
-    finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden);
-  else
-    finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden);
+  if (f.basesAlignedAt != nullptr) {
+    // The bases are known on the device only: both variants are launched, one of them runs.
+    if (shape)
+      finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden, 1);
+    finalSumKernel<kDt, 1>
+        <<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden, shape ? 2 : 0);
+  } else if (shape && f.basesAligned) {
+    finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden, 0);
+  } else {
+    finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden, 0);
+  }
   return launchResult("launching the combine sum kernel");
+}
+
+}  // namespace
+
+namespace {
+
+// Fills b from tasks[*at ...] (at most kBatch non-empty tasks); advances *at.
+void fillBatch(const std::vector<DevCopyTask>& tasks, size_t* at, CopyBatch* b) {
+  *b = CopyBatch{};
+  for (; *at < tasks.size() && b->n < kBatch; ++*at) {
+    DevCopyTask t = tasks[*at];
+    if (t.totalBytes == 0 || t.nrows == 0) continue;
+    // Row addresses are base + index * rowBytes: 16-byte accesses need aligned bases and rows
+    // (or a single row at the base itself).
+    const bool single = t.nrows == 1 && !t.srcRows && !t.dstRows && !t.fanStart;
+    const bool v = aligned16(t.src) && aligned16(t.dst) && (t.rowBytes % 16 == 0 || single);
+    b->vec |= static_cast<uint32_t>(v) << b->n;
+    b->t[b->n] = t;
+    b->rowStart[b->n + 1] = b->rowStart[b->n] + t.nrows;
+    ++b->n;
+  }
 }
 
 }  // namespace
@@ -357,25 +414,40 @@ fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   size_t at = 0;
   while (at < tasks.size()) {
-    CopyBatch b{};
-    for (; at < tasks.size() && b.n < kBatch; ++at) {
-      DevCopyTask t = tasks[at];
-      if (t.totalBytes == 0 || t.nrows == 0) continue;
-      // Row addresses are base + index * rowBytes: 16-byte accesses need aligned bases and rows
-      // (or a single row at the base itself).
-      const bool single = t.nrows == 1 && !t.srcRows && !t.dstRows && !t.fanStart;
-      const bool v = aligned16(t.src) && aligned16(t.dst) && (t.rowBytes % 16 == 0 || single);
-      b.vec |= static_cast<uint32_t>(v) << b.n;
-      b.t[b.n] = t;
-      b.rowStart[b.n + 1] = b.rowStart[b.n] + t.nrows;
-      ++b.n;
-    }
+    CopyBatch b;
+    fillBatch(tasks, &at, &b);
     if (b.n == 0) continue;
     static const int perSm = residentPerSm(copyKernel, kCopyThreads);
     copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, perSm), kCopyThreads, 0, s>>>(b);
     FUSCO_CHECK(launchResult("launching the row copy kernel"));
   }
   return fuscoSuccess;
+}
+
+size_t deviceCopyBatchBytes() { return sizeof(CopyBatch); }
+
+size_t deviceCopyBatchSlots(size_t ntasks) { return (ntasks + kBatch - 1) / kBatch; }
+
+fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void* block,
+                                    size_t slots) {
+  CopyBatch* out = static_cast<CopyBatch*>(block);
+  size_t at = 0;
+  for (size_t i = 0; i < slots; ++i) fillBatch(tasks, &at, &out[i]);
+  for (; at < tasks.size(); ++at)
+    if (tasks[at].totalBytes != 0 && tasks[at].nrows != 0)
+      return FUSCO_FAIL(fuscoInternalError, kEngine,
+                        "%zu copy tasks do not fit the %zu batches reserved for them", tasks.size(),
+                        slots);
+  return fuscoSuccess;
+}
+
+fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream) {
+  if (slots == 0) return fuscoSuccess;
+  static const int perSm = residentPerSm(copyDeferredKernel, kCopyThreads);
+  copyDeferredKernel<<<gridFor(UINT32_MAX, perSm), kCopyThreads, 0,
+                       static_cast<cudaStream_t>(stream)>>>(static_cast<const CopyBatch*>(devBlock),
+                                                            static_cast<uint32_t>(slots));
+  return launchResult("launching the deferred row copy kernel");
 }
 
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f,

@@ -34,6 +34,16 @@ struct DevCopyTask {
 };
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream);
 
+// Deferred copies: a block of batches in memory the device reads (pinned and mapped), filled by
+// the host later (deviceFillCopyBatches) and read by the kernel when the stream reaches it; the
+// stream must wait for the fill (a flag) before the launch. deviceCopyBatchSlots: batches for up
+// to ntasks tasks, of deviceCopyBatchBytes each (16-byte aligned).
+size_t deviceCopyBatchBytes();
+size_t deviceCopyBatchSlots(size_t ntasks);
+fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void* block,
+                                    size_t slots);
+fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream);
+
 // A copy of `bytes` contiguous bytes, in 64 KiB pieces (one warp each) with a clipped last piece.
 inline DevCopyTask flatCopyTask(const void* src, void* dst, uint64_t bytes) {
   constexpr uint64_t kPiece = 64 << 10;
@@ -65,6 +75,9 @@ struct DevFinalSum {
   const float* weights = nullptr;
   char* out = nullptr;
   uint64_t ntokens = 0;
+  // Bases the progress thread fills after the launch (engine_async.h): a device-visible word that
+  // is nonzero when every base is 16-byte aligned, read by the kernels instead of basesAligned.
+  const uint32_t* basesAlignedAt = nullptr;
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
 

@@ -11,6 +11,7 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "device/cuda_rt.h"
+#include "engine/engine_async.h"
 #include "engine/peer_info.h"
 
 namespace fusco {
@@ -176,13 +177,20 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
     c->devSendSeq_.assign(nranks, 0);
     c->devRecvSeq_.assign(nranks, 0);
     Communicator* self = c.get();
-    c->watch_ = std::make_unique<DeviceWatch>(
+    c->deviceQueue_ = std::make_unique<DeviceQueue>();
+    FUSCO_CHECK(c->deviceQueue_->init(static_cast<size_t>(paramCudaParamBytes())));
+    const int device = c->device_;
+    c->progress_ = std::make_unique<Progress>(
         c->ctx_.timeoutMs, paramLivenessMs(),
         [self](int p) {
           const PeerConn& pc = self->conns_[p];
           return pc.ops ? pc.ops->checkPeer(pc.tc, p) : fuscoSuccess;
         },
-        [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); });
+        [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); },
+        [device] {
+          cudaSetCurrent(device);
+          cudaRelaxCaptureOnThisThread();  // allocations while the caller captures a graph
+        });
   }
   FUSCO_INFO(kInit,
              "comm rank %d/%d node %d/%d local rank %d/%d: chunk %zu B, depth %d, timeout %lld ms",
@@ -268,7 +276,27 @@ fuscoResult_t Communicator::connectTransports() {
   return fuscoSuccess;
 }
 
+void Communicator::setAsyncError(fuscoResult_t r, const std::string& why) {
+  std::lock_guard<std::mutex> g(asyncMu_);
+  asyncError_ = r;
+  asyncWhy_ = why;
+}
+
+fuscoResult_t Communicator::takeAsyncError(std::string* why) {
+  if (brokenResult() != fuscoSuccess) {
+    *why = brokenMessage();
+    return brokenResult();
+  }
+  std::lock_guard<std::mutex> g(asyncMu_);
+  fuscoResult_t r = asyncError_;
+  *why = asyncWhy_;
+  asyncError_ = fuscoSuccess;
+  asyncWhy_.clear();
+  return r;
+}
+
 fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
   auto& sc = scratch_[slot];
   if (sc.second < bytes || sc.first == nullptr) {
     if (sc.first != nullptr) FUSCO_CHECK(memFree(sc.first));
@@ -308,6 +336,7 @@ fuscoResult_t Communicator::useDevice() const {
 // A transport exports whole CUDA allocations (what IPC shares), so it is given the allocation that
 // holds [ptr, ptr + bytes).
 fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
   if (device_ < 0) return fuscoSuccess;
   FUSCO_CHECK(useDevice());
   void* base = nullptr;
@@ -324,6 +353,7 @@ fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
 }
 
 fuscoResult_t Communicator::memDeregister(void* ptr) {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
   if (device_ < 0) return fuscoSuccess;
   FUSCO_CHECK(useDevice());
   void* base = nullptr;
@@ -343,12 +373,15 @@ fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
 }
 
 Communicator::~Communicator() {
-  if (watch_) {
-    // Streams may still wait for peers: let them finish (or release them), then let the GPU drain
-    // before the memory they use goes away.
-    watch_->drain();
+  if (progress_) {
+    // Operations still queued run first (each bounded by the timeout); streams may still wait for
+    // peers: let them finish (or release them), then let the GPU drain before the memory they use
+    // goes away.
+    progress_->runSync([] { return fuscoSuccess; });
+    progress_->drain();
     cudaDeviceSyncQuiet();
-    watch_.reset();
+    progress_.reset();
+    deviceQueue_.reset();
   }
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);
@@ -378,6 +411,7 @@ bool Communicator::takeRegistration(void* handle, void** buff) {
 }
 
 fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
   FUSCO_CHECK(useDevice());  // device memory of a CUDA comm lands on the comm's device
   for (auto& t : transports_)
     if (t.first->memAlloc) return t.first->memAlloc(t.second, bytes, ptr);
@@ -396,6 +430,7 @@ fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
 }
 
 fuscoResult_t Communicator::memFree(void* ptr) {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
   auto dit = deviceAllocs_.find(ptr);
   if (dit != deviceAllocs_.end()) {
     deviceAllocs_.erase(dit);
@@ -414,6 +449,7 @@ fuscoResult_t Communicator::memFree(void* ptr) {
 }
 
 bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
   const PeerConn& c = conns_[peer];
   if (c.ops == nullptr || c.ops->regionToken == nullptr) return false;
   return c.ops->regionToken(c.tc, ptr, bytes, token);

@@ -13,7 +13,7 @@
 #include "core/bootstrap.h"
 #include "core/fault.h"
 #include "core/topology.h"
-#include "engine/device_watch.h"
+#include "engine/progress.h"
 #include "fusco.h"
 #include "transport/transport.h"
 
@@ -40,6 +40,8 @@ int64_t paramLivenessMs();
 // A value every rank must pass alike in one call (a datatype, a size, a config field). The values
 // of a call ride in the headers of its first operation, which every rank exchanges with every
 // peer, so a difference fails that operation on every rank before any data moves.
+class DeviceQueue;  // engine_async.h
+
 struct AgreeValue {
   const char* name;  // the argument or field, as the error message names it
   uint64_t value;
@@ -60,7 +62,6 @@ enum ScratchSlot : int {
   kLandingScratch = 1,     // host MoE combine: partial rows landing at the source
   kStagingScratch = 2,     // host MoE NODE dispatch: rows a forwarder or relay passes on
   kExpertCopyScratch = 3,  // CUDA MoE combine: a mappable copy of an unregistered expertOut
-  kBasesScratch = 4,       // CUDA MoE combine: the ranks' mapped expertOut bases for the sum kernel
   kInPlaceScratch = 5,     // CUDA in-place fuscoAllToAll: a copy of the send side
 };
 
@@ -153,7 +154,19 @@ class Communicator {
   fuscoResult_t deviceFlags(int peer, DeviceFlags* out) const;
   uint32_t nextDeviceSendSeq(int peer) { return ++devSendSeq_[peer]; }
   uint32_t nextDeviceRecvSeq(int peer) { return ++devRecvSeq_[peer]; }
-  DeviceWatch* watch() { return watch_.get(); }
+  // The progress thread (progress.h) and the enqueued operations (engine_async.h) of a CUDA comm;
+  // nullptr on host comms.
+  Progress* progress() { return progress_.get(); }
+  DeviceQueue* deviceQueue() { return deviceQueue_.get(); }
+  // An enqueued operation whose arguments disagreed between ranks (no data moved, the comm stays
+  // usable): fuscoCommGetAsyncError reports it once. takeAsyncError: the error that broke the comm,
+  // else the last such failure (then forgotten), else fuscoSuccess; *why: its message.
+  void setAsyncError(fuscoResult_t r, const std::string& why);
+  fuscoResult_t takeAsyncError(std::string* why);
+  // Progress thread only: the call an operation of which failed validation (its later operations
+  // are skipped alike on every rank).
+  uint64_t asyncFailedCall() const { return asyncFailedCall_; }
+  void setAsyncFailedCall(uint64_t call) { asyncFailedCall_ = call; }
 
   std::string lastError;  // message of the last failed call on this comm (set by the API layer)
   std::atomic<int> activeCalls{0};
@@ -187,7 +200,14 @@ class Communicator {
   std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;
-  std::unique_ptr<DeviceWatch> watch_;
+  std::unique_ptr<DeviceQueue> deviceQueue_;
+  std::unique_ptr<Progress> progress_;  // after deviceQueue_: joined before it is freed
+  std::mutex asyncMu_;
+  fuscoResult_t asyncError_ = fuscoSuccess;
+  std::string asyncWhy_;
+  uint64_t asyncFailedCall_ = 0;
+  // Memory registrations, scratch and region tokens: the caller and the progress thread use them.
+  mutable std::recursive_mutex memMu_;
 };
 
 }  // namespace fusco

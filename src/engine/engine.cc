@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
+#include "engine/engine_async.h"
 #include "engine/engine_device.h"
 #include "engine/engine_wire.h"
 #include "engine/op_runner.h"
@@ -204,7 +205,9 @@ fuscoResult_t OpRunner::dataPhase() {
   });
 }
 
-fuscoResult_t OpRunner::run() {
+// Header and verdict rounds: after them every pair's state is known and, for a collective, every
+// rank agreed that the call is valid.
+fuscoResult_t OpRunner::rounds() {
   buildHeaders();
   FUSCO_CHECK(headerRound());
   checkPairs();
@@ -218,18 +221,55 @@ fuscoResult_t OpRunner::run() {
   if (op_.collective && n_ > 1) FUSCO_CHECK(op_.agreed ? decideAgreed() : decideCollective());
   // Peers skip their pairs with a rank whose arguments are invalid, so nobody waits for data.
   if (op_.argStatus != fuscoSuccess) return validationError(op_.argStatus, "%s", op_.argError);
-  if (!op_.validateOnly && onDevice()) {
-    std::vector<bool> moves(n_);
-    for (int p = 0; p < n_; ++p) moves[p] = involved_[p] || p == me_ ? this->moves(p) : false;
-    FUSCO_CHECK(deviceDataPhase(c_, op_, mine_, theirs_, moves, offers_));
-  } else if (!op_.validateOnly) {
-    FUSCO_CHECK(dataPhase());
-  }
+  return fuscoSuccess;
+}
+
+// Pairs that disagree moved nothing; they fail the operation once the others are done.
+fuscoResult_t OpRunner::pairVerdict() {
   for (int p = 0; p < n_; ++p) {
     if (state_[p] == PairState::Mismatch || state_[p] == PairState::PeerBad)
       return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);
   }
   return fuscoSuccess;
+}
+
+fuscoResult_t OpRunner::run() {
+  FUSCO_CHECK(rounds());
+  if (!op_.validateOnly) FUSCO_CHECK(dataPhase());
+  return pairVerdict();
+}
+
+fuscoResult_t OpRunner::resolve(DeviceTasks* out) {
+  FUSCO_CHECK(rounds());
+  std::vector<bool> moves(n_);
+  for (int p = 0; p < n_; ++p) moves[p] = involved_[p] || p == me_ ? this->moves(p) : false;
+  if (!op_.validateOnly) FUSCO_CHECK(deviceTasks(c_, op_, mine_, theirs_, moves, offers_, out));
+  return pairVerdict();
+}
+
+// The call's state the operation carries (Op::call): taken on the caller's thread.
+void snapshotCall(Communicator& comm, Op& op) {
+  op.call = comm.callSeq();
+  op.firstInCall = comm.opsInCall() == 0;
+  if (op.firstInCall) op.agree = comm.callAgreement();
+  op.corruptHeaders = faultCorruptHeaders();
+}
+
+// Runs op here and now (a host comm, or a CUDA comm's host-memory exchanges on its progress
+// thread).
+fuscoResult_t runOpNow(Communicator& comm, Op& op, bool* validation) {
+  OpRunner runner(comm, op);
+  fuscoResult_t r;
+  try {
+    r = runner.run();
+  } catch (const std::bad_alloc&) {
+    // Half an operation may be in the channels: the communicator is broken like on any failure.
+    r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", op.name);
+  }
+  *validation = r != fuscoSuccess && runner.failedValidation();
+  // Anything but an agreed validation failure may leave half an operation in the channels.
+  if (r != fuscoSuccess && !*validation) comm.markBroken(r, threadLastError());
+  return r;
 }
 
 fuscoResult_t runOp(Communicator& comm, Op& op) {
@@ -239,17 +279,22 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
                       op.name, comm.brokenMessage().c_str());
   // FUSCO_FAULT oom: this rank runs out of host memory between two operations of its call.
   if (faultOomNow(comm.opsInCall())) throw std::bad_alloc();
-  OpRunner runner(comm, op);
+  snapshotCall(comm, op);
+  bool agreed = false;
   fuscoResult_t r;
-  try {
-    r = runner.run();
-  } catch (const std::bad_alloc&) {
-    // Half an operation may be in the channels: the communicator is broken like on any failure.
-    r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", op.name);
+  Progress* progress = comm.progress();
+  if (progress != nullptr && comm.memType() == fuscoMemCuda && !op.hostData) {
+    // A CUDA comm's device operation: enqueued, resolved later by the progress thread.
+    r = enqueueDeviceOp(comm, op, &agreed);
+    if (r != fuscoSuccess && !agreed) comm.markBroken(r, threadLastError());
+  } else if (progress != nullptr) {
+    // Host-memory exchanges of a CUDA comm share the channels with the enqueued operations: they
+    // run on the progress thread after them.
+    r = progress->runSync([&] { return runOpNow(comm, op, &agreed); });
+  } else {
+    r = runOpNow(comm, op, &agreed);
   }
-  // Anything but an agreed validation failure may leave half an operation in the channels.
-  if (r != fuscoSuccess && !runner.failedValidation()) comm.markBroken(r, threadLastError());
-  comm.endOp(r != fuscoSuccess && runner.failedValidation());
+  comm.endOp(r != fuscoSuccess && agreed);
   return r;
 }
 

@@ -55,7 +55,20 @@ struct Op {
   // pullRun enqueues this rank's reading kernel with one base per peer (the mapped buffer of that
   // peer's message to this rank, this rank's own for itself; nullptr: no message). The operation
   // ends on the stream when every receiver is done reading this rank's buffers.
-  std::function<fuscoResult_t(const std::vector<const char*>& bases, void* stream)> pullRun;
+  // It is enqueued before the peers are known: `bases` (device-visible, one per peer) and
+  // `basesAligned` (a word: 1 when every base is 16-byte aligned, 2 when not, 0 when the operation
+  // did not resolve and the kernel must read nothing) are filled before the kernel runs.
+  std::function<fuscoResult_t(const char* const* bases, const uint32_t* basesAligned, void* stream)>
+      pullRun;
+
+  // The call this operation belongs to, taken when it is run or enqueued (a CUDA comm's progress
+  // thread runs it after the caller went on): its number, whether it is the call's first
+  // operation (which carries the call's agreement values), those values, and an injected
+  // corrupt-header fault (FUSCO_FAULT).
+  uint64_t call = 0;
+  bool firstInCall = false;
+  std::vector<AgreeValue> agree;
+  bool corruptHeaders = false;
 
   explicit Op(int nranks) : peers(nranks) {}
 };

@@ -4,7 +4,6 @@
 
 #include "core/log.h"
 #include "core/result.h"
-#include "device/cuda_rt.h"
 #include "device/device_ops.h"
 
 namespace fusco {
@@ -14,12 +13,6 @@ namespace {
 constexpr size_t kStagingAlign = 256;
 
 bool flat(const RowStream& s) { return s.rows == nullptr && s.fanStart == nullptr; }
-
-uint64_t total(const std::vector<uint64_t>& v) {
-  uint64_t n = 0;
-  for (uint64_t b : v) n += b;
-  return n;
-}
 
 // One copy from stream s to stream d (same bytes); a flat side takes the other side's rows.
 fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opName, DevCopyTask* t) {
@@ -85,110 +78,71 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
 
 namespace {
 
-// The flags of every pair of a device operation: which pairs move data each way, and this
-// operation's sequence number for each.
-struct PairFlags {
-  std::vector<DeviceFlags> flags;
-  std::vector<uint32_t> sendSeq, recvSeq;
-  std::vector<bool> sends, recvs;
-
-  fuscoResult_t init(Communicator& c, const std::vector<PairHeader>& mine,
-                     const std::vector<bool>& moves) {
-    const int n = c.nranks();
-    flags.assign(n, {});
-    sendSeq.assign(n, 0), recvSeq.assign(n, 0);
-    sends.assign(n, false), recvs.assign(n, false);
-    for (int p = 0; p < n; ++p) {
-      if (p == c.rank() || !moves[p]) continue;
-      sends[p] = total(mine[p].sendBytes) > 0;
-      recvs[p] = total(mine[p].recvBytes) > 0;
-      if (sends[p] || recvs[p]) FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
-      if (sends[p]) sendSeq[p] = c.nextDeviceSendSeq(p);
-      if (recvs[p]) recvSeq[p] = c.nextDeviceRecvSeq(p);
-    }
-    return fuscoSuccess;
-  }
-  // Stream-ordered: writes flag `kind` to every peer this rank receives from (toSenders) or
-  // sends to (otherwise)...
-  fuscoResult_t post(void* s, int kind, bool toSenders) const {
-    const auto& who = toSenders ? recvs : sends;
-    const auto& seq = toSenders ? recvSeq : sendSeq;
-    for (size_t p = 0; p < who.size(); ++p)
-      if (who[p]) FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[kind], seq[p]));
-    return fuscoSuccess;
-  }
-  // ... and waits for flag `kind` from them, each wait watched on the host (DeviceWatch).
-  fuscoResult_t await(Communicator& c, void* s, int kind, bool fromSenders,
-                      const char* what) const {
-    const auto& who = fromSenders ? recvs : sends;
-    const auto& seq = fromSenders ? recvSeq : sendSeq;
-    for (size_t p = 0; p < who.size(); ++p) {
-      if (!who[p]) continue;
-      FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind], seq[p]));
-      c.watch()->add(static_cast<int>(p), flags[p].hostWait[kind], seq[p], what);
-    }
-    return fuscoSuccess;
-  }
-};
-
-// A pull operation (Op::pullRun): senders say "ready" (flag 1), receivers read with one kernel
-// and say "done reading" (flag 0); a sender's stream goes on once every receiver is done.
-fuscoResult_t devicePullPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
-                              const std::vector<PairHeader>& theirs,
-                              const std::vector<bool>& moves) {
+// A pull operation: the mapped buffer each peer offered for this rank to read.
+fuscoResult_t pullBases(Communicator& c, const Op& op, const std::vector<PairHeader>& theirs,
+                        const std::vector<bool>& moves, DeviceTasks* out) {
   const int n = c.nranks(), me = c.rank();
-  void* s = op.stream;
-  PairFlags f;
-  FUSCO_CHECK(f.init(c, mine, moves));
-  std::vector<const char*> bases(n, nullptr);
-  // A failure here still walks every flag round (without reading), so no peer waits on this rank.
-  fuscoResult_t r = fuscoSuccess;
-  for (int p = 0; p < n && r == fuscoSuccess; ++p) {
+  out->bases.assign(n, nullptr);
+  for (int p = 0; p < n; ++p) {
     if (!moves[p])
       continue;  // one message per pair and one offer per message: checked before the verdict
     if (p == me) {
-      if (!op.peers[me].sends.empty()) bases[me] = op.peers[me].sends[0].base;
+      if (!op.peers[me].sends.empty()) out->bases[me] = op.peers[me].sends[0].base;
       continue;
     }
-    if (!f.recvs[p]) continue;
     const PairHeader& t = theirs[p];
+    if (t.sendBytes.empty() || t.sendBytes[0] == 0) continue;
     const PeerConn& pc = c.conn(p);
     void* base =
         t.sendTokens.empty() || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
             ? nullptr
             : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
     if (base == nullptr)
-      r = FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "%s: cannot map the buffer rank %d offered",
-                     op.name, p);
-    bases[p] = static_cast<const char*>(base);
+      return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine,
+                        "%s: cannot map the buffer rank %d offered", op.name, p);
+    out->bases[p] = static_cast<const char*>(base);
   }
-  FUSCO_CHECK(f.post(s, 1, false));  // "ready" to every reader
-  FUSCO_CHECK(f.await(c, s, 1, true, "its buffer to be ready"));
-  if (r == fuscoSuccess) r = op.pullRun(bases, s);
-  // A mapping or read failure still walks the last round, so the owners do not wait for the
-  // watchdog; its error (logged where it was detected) stays the thread's last one.
-  FUSCO_CHECK(f.post(s, 0, true));  // "done reading" to every owner
-  FUSCO_CHECK(f.await(c, s, 0, false, "it to finish reading"));
-  return r;
+  out->ready = true;
+  return fuscoSuccess;
+}
+
+// Where message m to peer p lands: this rank's own receive stream, or the receiver's offer.
+fuscoResult_t landing(Communicator& c, const Op& op, const std::vector<PairHeader>& theirs, int p,
+                      size_t m, RowStream* dst) {
+  const PeerWork& w = op.peers[p];
+  if (p == c.rank()) {
+    *dst = op.peers[p].recvs[m];
+    return fuscoSuccess;
+  }
+  const uint64_t token = theirs[p].recvTokens[m], extent = theirs[p].recvExtents[m];
+  const PeerConn& pc = c.conn(p);
+  void* base = token == kStagedToken || pc.ops->peerPointer == nullptr
+                   ? nullptr
+                   : pc.ops->peerPointer(pc.tc, p, token, extent & ~kLayoutSharedBit);
+  if (base == nullptr)
+    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine,
+                      "%s: cannot map the buffer rank %d offered for message %zu", op.name, p, m);
+  if (extent & kLayoutSharedBit) {
+    if (w.remoteDst.size() <= m)
+      return FUSCO_FAIL(fuscoInternalError, kEngine,
+                        "%s: rank %d shares a layout this rank does not know", op.name, p);
+    *dst = w.remoteDst[m];
+    dst->base = static_cast<char*>(base);
+  } else {
+    *dst = RowStream::flat(base, w.sends[m].bytes());
+  }
+  return fuscoSuccess;
 }
 
 }  // namespace
 
-fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
-                              const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
-                              const DeviceOffers& offers) {
+fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
+                          const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
+                          const DeviceOffers& offers, DeviceTasks* out) {
+  (void)mine;
   const int n = c.nranks(), me = c.rank();
-  void* s = op.stream;
-  FUSCO_CHECK(c.useDevice());
-  if (op.pullRun) return devicePullPhase(c, op, mine, theirs, moves);
-  PairFlags f;
-  FUSCO_CHECK(f.init(c, mine, moves));
-  // 1. Tell each sender that this rank's buffers may be written, then wait until each receiver
-  //    said so.
-  FUSCO_CHECK(f.post(s, 0, true));
-  FUSCO_CHECK(f.await(c, s, 0, false, "its buffers to be free"));
-  // 2. One pass over every message: source rows straight into the final (or staged) rows.
-  std::vector<DevCopyTask> copies;
+  if (op.pullRun) return pullBases(c, op, theirs, moves, out);
+  // a: one pass over every message, source rows straight into the final (or staged) rows.
   for (int p = 0; p < n; ++p) {
     if (!moves[p]) continue;
     const PeerWork& w = op.peers[p];
@@ -196,39 +150,13 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
       const RowStream& src = w.sends[m];
       if (src.bytes() == 0) continue;
       RowStream dst;
-      if (p == me) {
-        dst = op.peers[me].recvs[m];
-      } else {
-        const uint64_t token = theirs[p].recvTokens[m], extent = theirs[p].recvExtents[m];
-        const PeerConn& pc = c.conn(p);
-        void* base = token == kStagedToken || pc.ops->peerPointer == nullptr
-                         ? nullptr
-                         : pc.ops->peerPointer(pc.tc, p, token, extent & ~kLayoutSharedBit);
-        if (base == nullptr)
-          return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine,
-                            "%s: cannot map the buffer rank %d offered for message %zu", op.name, p,
-                            m);
-        if (extent & kLayoutSharedBit) {
-          if (w.remoteDst.size() <= m)
-            return FUSCO_FAIL(fuscoInternalError, kEngine,
-                              "%s: rank %d shares a layout this rank does not know", op.name, p);
-          dst = w.remoteDst[m];
-          dst.base = static_cast<char*>(base);
-        } else {
-          dst = RowStream::flat(base, src.bytes());
-        }
-      }
+      FUSCO_CHECK(landing(c, op, theirs, p, m, &dst));
       DevCopyTask t;
       FUSCO_CHECK(copyTask(src, dst, op.name, &t));
-      copies.push_back(t);
+      out->a.push_back(t);
     }
   }
-  FUSCO_CHECK(deviceCopy(copies, s));
-  // 3. Tell each receiver its data is in place; wait for every sender's data.
-  FUSCO_CHECK(f.post(s, 1, false));
-  FUSCO_CHECK(f.await(c, s, 1, true, "its data"));
-  // 4. Staged messages: from the staging area into the final rows.
-  copies.clear();
+  // b: staged messages, from the staging area into the final rows.
   for (int p = 0; p < n; ++p) {
     if (p == me || !moves[p] || offers.stagedAt.size() <= static_cast<size_t>(p)) continue;
     for (size_t m = 0; m < offers.stagedAt[p].size(); ++m) {
@@ -237,10 +165,11 @@ fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<P
       DevCopyTask t;
       FUSCO_CHECK(copyTask(RowStream::flat(offers.staging + offers.stagedAt[p][m], dst.bytes()),
                            dst, op.name, &t));
-      copies.push_back(t);
+      out->b.push_back(t);
     }
   }
-  return deviceCopy(copies, s);
+  out->ready = true;
+  return fuscoSuccess;
 }
 
 }  // namespace fusco

@@ -1,17 +1,15 @@
-// The engine's data phase on the GPU (fuscoMemCuda comms). After the header (and verdict) rounds,
-// every message is a one-sided write by its sender's kernel: straight into the receiver's final
-// rows when the receiver offered a buffer its peers can map (fuscoMemAlloc, registered, or the
-// comm's own scratch), else into a staging area the receiver offered, which it then scatters into
-// its final rows. Ordering between the ranks' streams uses the DeviceFlags of each pair:
-//   receiver: "ready"(seq) -> sender: wait ready, copy kernel, "done"(seq) -> receiver: wait done,
-//   scatter staged messages.
-// A pull operation (Op::pullRun) turns this around: each sender offers its own buffer, says
-// "ready", each receiver's kernel reads every peer's buffer in one pass and says "done reading".
-// Nothing waits on the host; the DeviceWatch keeps every stream wait bounded.
+// Where the rows of a device operation go (fuscoMemCuda comms), decided by the progress thread
+// once the header (and verdict) rounds are done (engine_async.h runs the operation). Every message
+// is a one-sided write by its sender's kernel: straight into the receiver's final rows when the
+// receiver offered a buffer its peers can map (fuscoMemAlloc, registered, or the comm's own
+// scratch), else into a staging area the receiver offered, which it then scatters into its final
+// rows. A pull operation (Op::pullRun) turns this around: each sender offers its own buffer and
+// each receiver's kernel reads every peer's buffer in one pass.
 #pragma once
 
 #include <vector>
 
+#include "device/device_ops.h"
 #include "engine/engine.h"
 #include "engine/engine_wire.h"
 
@@ -28,9 +26,19 @@ struct DeviceOffers {
 fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,
                            std::vector<PairHeader>* mine, DeviceOffers* offers);
 
-// Enqueues the operation on op.stream. moves[p]: the pair with p moves data.
-fuscoResult_t deviceDataPhase(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
-                              const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
-                              const DeviceOffers& offers);
+// The kernels' work for one operation: `a` runs once every receiver's buffers are free (source
+// rows into final or staged rows), `b` once every sender's data is in place (staged rows into
+// final rows); a pull operation has `bases` instead (one per peer, this rank's own for itself,
+// nullptr: no message). ready: the tasks were built (pairs that disagree have none).
+struct DeviceTasks {
+  std::vector<DevCopyTask> a, b;
+  std::vector<const char*> bases;
+  bool ready = false;
+};
+
+// moves[p]: the pair with p moves data.
+fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
+                          const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
+                          const DeviceOffers& offers, DeviceTasks* out);
 
 }  // namespace fusco

@@ -15,11 +15,11 @@ void OpRunner::buildHeaders() {
     involved_[p] = true;
     PairHeader& h = mine_[p];
     h.kind = op_.kind;
-    h.call = c_.callSeq();
+    h.call = op_.call;
     h.seq = c_.nextPairSeq(p);
     h.status = op_.argStatus;
-    if (c_.opsInCall() == 0)
-      for (const AgreeValue& v : c_.callAgreement()) h.agree.push_back(v.value);
+    if (op_.firstInCall)
+      for (const AgreeValue& v : op_.agree) h.agree.push_back(v.value);
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
     for (const auto& r : op_.peers[p].recvs) {
       uint64_t token = kStagedToken;
@@ -107,7 +107,7 @@ fuscoResult_t OpRunner::headerRound() {
           if (!encodeHeader(mine_[p], buf, cap, &len))
             return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: call header does not fit a slot",
                               op_.name);
-          if (faultCorruptHeaders()) faultCorruptBytes(buf, len);  // FUSCO_FAULT corrupt-header
+          if (op_.corruptHeaders) faultCorruptBytes(buf, len);  // FUSCO_FAULT corrupt-header
           FUSCO_CHECK(pc.ops->sendPost(pc.tc, p, kTagHeader, len));
           sc_[p].headerSent = *progressed = true;
         }
@@ -129,6 +129,33 @@ fuscoResult_t OpRunner::headerRound() {
     return fuscoSuccess;
   });
 }
+
+namespace {
+
+// The first message whose sender and receiver disagree, naming both ranks: "rank 3 sends 400
+// bytes to rank 5, which expects 384 (message 0)".
+std::string countDisagreement(const PairHeader& m, const PairHeader& t, int me, int p) {
+  auto first = [](const std::vector<uint64_t>& send, const std::vector<uint64_t>& recv, int from,
+                  int to, std::string* out) {
+    const size_t n = std::max(send.size(), recv.size());
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t s = i < send.size() ? send[i] : 0, r = i < recv.size() ? recv[i] : 0;
+      if (s == r && i < send.size() && i < recv.size()) continue;
+      *out = "rank " + std::to_string(from) + " sends " +
+             (i < send.size() ? std::to_string(s) + " bytes" : std::string("no message")) +
+             " to rank " + std::to_string(to) + ", which expects " +
+             (i < recv.size() ? std::to_string(r) + " bytes" : std::string("no message")) +
+             " (message " + std::to_string(i) + ")";
+      return true;
+    }
+    return false;
+  };
+  std::string out;
+  if (!first(m.sendBytes, t.recvBytes, me, p, &out)) first(t.sendBytes, m.recvBytes, p, me, &out);
+  return out;
+}
+
+}  // namespace
 
 // Both ranks of a pair reach the same conclusion from the same two headers.
 void OpRunner::checkPairs() {
@@ -168,8 +195,8 @@ void OpRunner::checkPairs() {
       state_[p] = PairState::PeerBad;
       pairMsg_[p] = "rank " + std::to_string(p) + " passed invalid arguments";
     } else if ((!m.agree.empty() || !t.agree.empty()) &&
-               !valuesAgree(m.agree.empty() ? std::vector<AgreeValue>() : c_.callAgreement(),
-                            t.agree, me_, p, &why)) {
+               !valuesAgree(m.agree.empty() ? std::vector<AgreeValue>() : op_.agree, t.agree, me_,
+                            p, &why)) {
       state_[p] = PairState::Mismatch;
       pairMsg_[p] = why;
     } else if (m.sendBytes != t.recvBytes || m.recvBytes != t.sendBytes) {
@@ -179,7 +206,8 @@ void OpRunner::checkPairs() {
         for (size_t i = 0; i < v.size() && i < 4; ++i) s += (i ? "," : "") + std::to_string(v[i]);
         return s + (v.size() > 4 ? ",..." : "") + " (" + std::to_string(v.size()) + " messages)";
       };
-      pairMsg_[p] = "byte counts disagree with rank " + std::to_string(p) + ": this rank sends " +
+      pairMsg_[p] = countDisagreement(m, t, me_, p) + "; byte counts disagree with rank " +
+                    std::to_string(p) + ": this rank (" + std::to_string(me_) + ") sends " +
                     str(m.sendBytes) + " and expects " + str(m.recvBytes) + "; rank " +
                     std::to_string(p) + " expects " + str(t.recvBytes) + " and sends " +
                     str(t.sendBytes);

@@ -46,7 +46,10 @@ class OpRunner {
         sc_(n_),
         rc_(n_),
         involved_(n_, false) {}
+  // A host data phase: rounds, data, and the pairs' verdict.
   fuscoResult_t run();
+  // A device operation (engine_async.h): rounds, then the kernels' tasks instead of moving data.
+  fuscoResult_t resolve(DeviceTasks* out);
   // True when run() failed only because arguments or counts were wrong somewhere: every rank
   // agreed, no data moved, and the communicator stays usable.
   bool failedValidation() const { return failedValidation_; }
@@ -64,6 +67,8 @@ class OpRunner {
   fuscoResult_t verdictRound(Verdict* first);
   fuscoResult_t decideCollective();
   fuscoResult_t decideAgreed();
+  fuscoResult_t rounds();
+  fuscoResult_t pairVerdict();
   fuscoResult_t dataPhase();
   fuscoResult_t stepSend(int p, bool* progressed);
   fuscoResult_t stepRecv(int p, bool* progressed);

@@ -62,9 +62,6 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
       joinFailure(deviceCopy({flatCopyTask(expertOut, copy, extent)}, stream), &a);
     offered = copy;
   }
-  // The sum kernel's table of the ranks' bases in the comm's scratch: allocated before any flag
-  // is posted, filled on the stream once the peers' buffers are mapped.
-  char* basesDev = joinScratch(c, kBasesScratch, n * sizeof(char*), &a);
   // One pull operation: the message from p is the (t, k) rows this rank sent p, read by this
   // rank's sum kernel in p's expert output.
   std::vector<PeerWork>& work = *workOut;
@@ -74,16 +71,14 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
     work[p].sends.push_back(s);
     work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.send.kSlots[p].size()));
   }
-  auto sum = [&h, basesDev, n, dt, hidden, topkWeights, out](const std::vector<const char*>& bases,
-                                                             void* s) -> fuscoResult_t {
+  // The ranks' mapped bases are filled in by the progress thread once the peers agreed
+  // (engine_async.h); the kernel reads them when the stream reaches it.
+  auto sum = [&h, dt, hidden, topkWeights, out](
+                 const char* const* bases, const uint32_t* basesAligned, void* s) -> fuscoResult_t {
     if (h.numTokens == 0) return fuscoSuccess;
-    const char** table = reinterpret_cast<const char**>(basesDev);
-    FUSCO_CHECK(deviceStorePointers(table, bases.data(), n, s));
     DevFinalSum f;
-    f.bases = table;
-    f.basesAligned = true;
-    for (const char* b : bases)
-      f.basesAligned = f.basesAligned && (reinterpret_cast<uintptr_t>(b) & 15) == 0;
+    f.bases = bases;
+    f.basesAlignedAt = basesAligned;
     f.termStart = h.dev.termStart;
     f.termRank = h.dev.termRank;
     f.termRow = h.dev.termRow;

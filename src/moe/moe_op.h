@@ -67,7 +67,7 @@ fuscoResult_t checkGateOrder(const MoeWork& w, const char* name);
 // onDevice: the buffers are device memory of a fuscoMemCuda comm and move on `stream`; otherwise
 // they are host memory (also on a CUDA comm: the planner's own exchanges). pullRun: a pull
 // operation on the device (engine.h's Op::pullRun).
-using PullRun = std::function<fuscoResult_t(const std::vector<const char*>&, void*)>;
+using PullRun = decltype(Op::pullRun);
 fuscoResult_t runMoeOp(Communicator& c, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed = false,
                        void* stream = nullptr, bool onDevice = false, PullRun pullRun = nullptr);

@@ -1,0 +1,271 @@
+#include "engine/engine_async.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/params.h"
+#include "core/result.h"
+#include "device/cuda_rt.h"
+#include "device/device_ops.h"
+#include "engine/engine_device.h"
+#include "engine/op_runner.h"
+
+namespace fusco {
+
+FUSCO_PARAM_INT(CudaParamBytes, "FUSCO_CUDA_PARAM_BYTES", 4 << 20, 64 << 10, INT32_MAX,
+                "pinned memory for the parameters of a CUDA comm's enqueued operations (bytes)");
+
+DeviceQueue::~DeviceQueue() {
+  cudaFreeMapped(ringHost_);
+  cudaFreeMapped(pageHost_);
+}
+
+fuscoResult_t DeviceQueue::init(size_t ringBytes) {
+  FUSCO_CHECK(cudaAllocMapped(4096, &pageHost_, &pageDev_));
+  std::memset(pageHost_, 0, 4096);
+  FUSCO_CHECK(cudaAllocMapped(ringBytes, &ringHost_, &ringDev_));
+  spans_ = RingSpans(ringBytes);
+  return fuscoSuccess;
+}
+
+// The streams write the low 32 bits of the last operation they finished: every operation up to
+// the newest number with those bits is consumed.
+void DeviceQueue::retireConsumed() {
+  const uint32_t low = *word(64);
+  const uint64_t done = index_ - static_cast<uint32_t>(static_cast<uint32_t>(index_) - low);
+  spans_.retire(done);
+}
+
+fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeoutMs,
+                                   const std::function<bool()>& stop, char** host, char** dev) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (bytes > spans_.capacity())
+    return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                      "an operation needs %zu bytes of parameters, more than FUSCO_CUDA_PARAM_BYTES "
+                      "(%zu)",
+                      bytes, spans_.capacity());
+  const int64_t start = nowNs();
+  size_t at = 0;
+  for (;;) {
+    retireConsumed();
+    if (spans_.reserve(bytes, index, &at)) break;
+    if (stop())
+      return FUSCO_FAIL(fuscoRemoteError, kEngine,
+                        "the communicator failed while a call waited for parameter space");
+    if (nowNs() - start >= timeoutMs * 1000000LL)
+      return FUSCO_FAIL(fuscoTimeout, kEngine,
+                        "no parameter space within the timeout (%lld ms): the streams did not finish "
+                        "older operations (raise FUSCO_CUDA_PARAM_BYTES?)",
+                        static_cast<long long>(timeoutMs));
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lk.lock();
+  }
+  *host = static_cast<char*>(ringHost_) + at;
+  *dev = static_cast<char*>(ringDev_) + at;
+  std::memset(*host, 0, bytes);
+  return fuscoSuccess;
+}
+
+void DeviceQueue::go(uint64_t index) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // parameters before the flag
+  *goHost() = static_cast<uint32_t>(index);
+}
+
+namespace {
+
+// Where one operation's parameters lie in its block.
+struct ParamLayout {
+  size_t slotsA = 0, slotsB = 0;  // copy batches before and after "done"
+  size_t offB = 0, offBases = 0, offAligned = 0, bytes = 0;
+};
+
+ParamLayout layoutFor(const Op& op, int n, size_t tasksA, size_t tasksB) {
+  ParamLayout l;
+  const size_t batch = deviceCopyBatchBytes();
+  if (!op.pullRun) {
+    l.slotsA = deviceCopyBatchSlots(tasksA);
+    l.slotsB = deviceCopyBatchSlots(tasksB);
+  }
+  l.offB = l.slotsA * batch;
+  l.offBases = l.offB + l.slotsB * batch;
+  l.offAligned = l.offBases + (op.pullRun ? n * sizeof(char*) : 0);
+  l.bytes = l.offAligned + 16;
+  return l;
+}
+
+// One operation between the caller and the progress thread.
+struct Pending {
+  explicit Pending(Op&& o) : op(std::move(o)) {}
+  Op op;
+  uint64_t index = 0;
+  char* host = nullptr;
+  ParamLayout layout;
+};
+
+// The flags of every involved pair and this operation's counter for each, both directions.
+struct PairFlags {
+  std::vector<DeviceFlags> flags;
+  std::vector<uint32_t> sendSeq, recvSeq;
+  std::vector<bool> involved;
+
+  fuscoResult_t init(Communicator& c, const std::vector<bool>& inv) {
+    const int n = c.nranks();
+    involved = inv;
+    flags.assign(n, {});
+    sendSeq.assign(n, 0), recvSeq.assign(n, 0);
+    for (int p = 0; p < n; ++p) {
+      if (!involved[p]) continue;
+      FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
+      sendSeq[p] = c.nextDeviceSendSeq(p);
+      recvSeq[p] = c.nextDeviceRecvSeq(p);
+    }
+    return fuscoSuccess;
+  }
+  // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq)...
+  fuscoResult_t post(void* s, int kind, bool asSender) const {
+    for (size_t p = 0; p < involved.size(); ++p)
+      if (involved[p])
+        FUSCO_CHECK(
+            cudaStreamWriteFlag(s, flags[p].devPost[kind], asSender ? sendSeq[p] : recvSeq[p]));
+    return fuscoSuccess;
+  }
+  // ... and waits for each peer's flag `kind`, each wait watched by the progress thread.
+  fuscoResult_t await(Communicator& c, void* s, int kind, bool asSender, const char* what) const {
+    for (size_t p = 0; p < involved.size(); ++p) {
+      if (!involved[p]) continue;
+      const uint32_t seq = asSender ? sendSeq[p] : recvSeq[p];
+      FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind], seq));
+      c.progress()->add(static_cast<int>(p), flags[p].hostWait[kind], seq, what);
+    }
+    return fuscoSuccess;
+  }
+};
+
+// The stream's part of an operation (engine_async.h).
+fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_t index,
+                            const ParamLayout& l, char* dev) {
+  DeviceQueue& q = *c.deviceQueue();
+  void* s = op.stream;
+  FUSCO_CHECK(cudaStreamWaitFlag(s, q.goDev(), static_cast<uint32_t>(index)));
+  c.progress()->add(-1, q.goHost(), static_cast<uint32_t>(index), "the call's peers to agree");
+  if (op.pullRun) {
+    FUSCO_CHECK(f.post(s, 1, true));  // "ready" to every reader
+    FUSCO_CHECK(f.await(c, s, 1, false, "its buffer to be ready"));
+    FUSCO_CHECK(op.pullRun(reinterpret_cast<const char* const*>(dev + l.offBases),
+                           reinterpret_cast<const uint32_t*>(dev + l.offAligned), s));
+    FUSCO_CHECK(f.post(s, 0, false));  // "done reading" to every owner
+    FUSCO_CHECK(f.await(c, s, 0, true, "it to finish reading"));
+  } else {
+    FUSCO_CHECK(f.post(s, 0, false));  // this rank's buffers may be written
+    FUSCO_CHECK(f.await(c, s, 0, true, "its buffers to be free"));
+    FUSCO_CHECK(deviceCopyDeferred(dev, l.slotsA, s));
+    FUSCO_CHECK(f.post(s, 1, true));  // the data is in place
+    FUSCO_CHECK(f.await(c, s, 1, false, "its data"));
+    FUSCO_CHECK(deviceCopyDeferred(dev + l.offB, l.slotsB, s));
+  }
+  return cudaStreamWriteFlag(s, q.consumedDev(), static_cast<uint32_t>(index));
+}
+
+// The progress thread's part: the rounds, then the parameters, then GO.
+fuscoResult_t writeParams(const Pending& pd, const DeviceTasks& t) {
+  const ParamLayout& l = pd.layout;
+  FUSCO_CHECK(deviceFillCopyBatches(t.a, pd.host, l.slotsA));
+  FUSCO_CHECK(deviceFillCopyBatches(t.b, pd.host + l.offB, l.slotsB));
+  if (pd.op.pullRun) {
+    bool aligned = true;
+    for (size_t p = 0; p < t.bases.size(); ++p) {
+      const uintptr_t base = reinterpret_cast<uintptr_t>(t.bases[p]);
+      std::memcpy(pd.host + l.offBases + p * sizeof(base), &base, sizeof(base));
+      aligned = aligned && (reinterpret_cast<uintptr_t>(t.bases[p]) & 15) == 0;
+    }
+    const uint32_t word = aligned ? 1 : 2;  // 0 (never resolved): the reading kernel skips
+    std::memcpy(pd.host + l.offAligned, &word, sizeof(word));
+  }
+  return fuscoSuccess;
+}
+
+void resolve(Communicator& c, Pending& pd) {
+  DeviceQueue& q = *c.deviceQueue();
+  fuscoResult_t r = fuscoSuccess;
+  bool validation = false;
+  if (c.brokenResult() != fuscoSuccess) {
+    r = c.brokenResult();  // the streams were released when it broke
+  } else if (pd.op.call != 0 && pd.op.call == c.asyncFailedCall()) {
+    // An earlier operation of this call failed validation on every rank: every rank skips it.
+  } else {
+    OpRunner runner(c, pd.op);
+    DeviceTasks t;
+    bool internal = false;
+    try {
+      r = runner.resolve(&t);
+      // Pairs that agreed move their data even when another pair of the operation did not.
+      fuscoResult_t w = t.ready ? writeParams(pd, t) : fuscoSuccess;
+      if (w != fuscoSuccess) r = w, internal = true;
+    } catch (const std::bad_alloc&) {
+      r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", pd.op.name);
+      internal = true;
+    }
+    validation = r != fuscoSuccess && !internal && runner.failedValidation();
+    if (r != fuscoSuccess) {
+      const std::string why = threadLastError();
+      if (validation) {
+        if (pd.op.call != 0) c.setAsyncFailedCall(pd.op.call);
+        c.setAsyncError(fuscoInvalidArgument, why);
+      } else {
+        c.markBroken(r, why);
+        c.progress()->release(r, why);
+      }
+    }
+  }
+  q.go(pd.index);
+}
+
+}  // namespace
+
+fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
+  *agreedFailure = false;
+  const int n = c.nranks(), me = c.rank();
+  FUSCO_CHECK(c.useDevice());
+  bool capturing = false;
+  FUSCO_CHECK(cudaStreamCapturing(op.stream, &capturing));
+  if (capturing) {
+    *agreedFailure = true;  // every rank that captures the same call refuses it alike
+    return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                      "%s: fusco calls cannot be captured into a CUDA graph yet (the stream is "
+                      "capturing); call it outside the capture",
+                      op.name);
+  }
+  std::vector<bool> involved(n, false);
+  size_t tasksA = 0, tasksB = 0;
+  for (int p = 0; p < n; ++p) {
+    involved[p] = p != me && (op.collective || !op.peers[p].empty());
+    if (p == me || involved[p]) tasksA += op.peers[p].sends.size();
+    if (involved[p]) tasksB += op.peers[p].recvs.size();
+  }
+  auto pd = std::make_shared<Pending>(std::move(op));
+  Op& o = pd->op;
+  pd->layout = layoutFor(o, n, tasksA, tasksB);
+  pd->index = c.deviceQueue()->nextIndex();
+  char* dev = nullptr;
+  FUSCO_CHECK(c.deviceQueue()->reserve(pd->layout.bytes, pd->index, c.timeoutMs(),
+                                       [&c] { return c.brokenResult() != fuscoSuccess; },
+                                       &pd->host, &dev));
+  PairFlags f;
+  FUSCO_CHECK(f.init(c, involved));
+  FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, dev));
+  const fuscoResult_t status = o.argStatus;
+  const std::string error = o.argError;
+  c.progress()->post([&c, pd] { resolve(c, *pd); });
+  if (status == fuscoSuccess) return fuscoSuccess;
+  // The peers learn this rank's failure from its header and skip the call with it.
+  *agreedFailure = true;
+  return FUSCO_FAIL(status, kApi, "%s", error.c_str());
+}
+
+}  // namespace fusco

@@ -1,0 +1,183 @@
+#include "engine/progress.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/result.h"
+
+namespace fusco {
+
+namespace {
+bool reached(uint32_t value, uint32_t expected) {
+  return static_cast<int32_t>(value - expected) >= 0;
+}
+}  // namespace
+
+Progress::Progress(int64_t timeoutMs, int64_t livenessMs,
+                   std::function<fuscoResult_t(int)> checkPeer,
+                   std::function<void(fuscoResult_t, const std::string&)> fail,
+                   std::function<void()> onStart)
+    : timeoutNs_(timeoutMs * 1000000LL),
+      livenessNs_(std::max<int64_t>(1, livenessMs) * 1000000LL),
+      checkPeer_(std::move(checkPeer)),
+      fail_(std::move(fail)),
+      onStart_(std::move(onStart)),
+      thread_([this] { run(); }) {}
+
+Progress::~Progress() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Progress::post(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+fuscoResult_t Progress::runSync(std::function<fuscoResult_t()> job) {
+  if (onThread()) return job();
+  std::packaged_task<fuscoResult_t()> task(std::move(job));
+  std::future<fuscoResult_t> done = task.get_future();
+  // The job's failure message is the caller's last error, as if it had run on the caller.
+  std::string message;
+  post([&task, &message] {
+    task();
+    message = threadLastError();
+  });
+  fuscoResult_t r = done.get();
+  if (r != fuscoSuccess) setThreadLastError(message);
+  return r;
+}
+
+size_t Progress::queued() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return jobs_.size() + running_;
+}
+
+void Progress::add(int peer, volatile uint32_t* flag, uint32_t expected, const char* what) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (released_) {
+      *flag = expected;  // the comm is broken: nothing may wait on it any more
+      return;
+    }
+    if (waits_.empty()) lastProgress_ = nowNs();
+    waits_.push_back(Wait{peer, flag, expected, what});
+  }
+  cv_.notify_all();
+}
+
+bool Progress::released() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return released_;
+}
+
+void Progress::release(fuscoResult_t r, const std::string& why) {
+  std::lock_guard<std::mutex> g(mu_);
+  releaseAll(r, why);
+}
+
+bool Progress::sweep() {
+  size_t before = waits_.size();
+  waits_.erase(std::remove_if(waits_.begin(), waits_.end(),
+                              [](const Wait& w) { return reached(*w.flag, w.expected); }),
+               waits_.end());
+  return waits_.size() != before;
+}
+
+void Progress::releaseAll(fuscoResult_t r, const std::string& why) {
+  released_ = true;
+  for (const Wait& w : waits_)
+    if (!reached(*w.flag, w.expected)) *w.flag = w.expected;
+  waits_.clear();
+  fail_(r, why);
+}
+
+// One look at the waits: progress, dead peers (every liveness period), the timeout.
+void Progress::watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive) {
+  const int64_t now = nowNs();
+  if (sweep()) lastProgress_ = now;
+  if (!waits_.empty() && now - *lastLive >= livenessNs_) {
+    *lastLive = now;
+    std::vector<int> peers;
+    for (const Wait& w : waits_)
+      if (w.peer >= 0) peers.push_back(w.peer);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    for (int p : peers) {
+      if (checkPeer_(p) == fuscoSuccess) continue;
+      std::string why =
+          "a stream wait for rank " + std::to_string(p) + " was released: " + threadLastError();
+      FUSCO_WARN(kEngine, "%s", why.c_str());
+      releaseAll(fuscoRemoteError, why);
+      return;
+    }
+  }
+  if (!waits_.empty() && now - lastProgress_ >= timeoutNs_) {
+    const Wait& w = waits_.front();
+    std::string who = w.peer >= 0 ? "rank " + std::to_string(w.peer) : "this rank's progress";
+    std::string why = std::string("no progress within the timeout (") +
+                      std::to_string(timeoutNs_ / 1000000) + " ms) while a stream waited for " +
+                      who + " (" + w.what + ")";
+    FUSCO_WARN(kEngine, "%s", why.c_str());
+    releaseAll(fuscoTimeout, why);
+  }
+  (void)lk;
+}
+
+void Progress::run() {
+  if (onStart_) onStart_();
+  std::unique_lock<std::mutex> lk(mu_);
+  int64_t lastLive = nowNs();
+  for (;;) {
+    if (!jobs_.empty()) {
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++running_;
+      lk.unlock();
+      job();
+      lk.lock();
+      --running_;
+      // A finished job advanced the operations the streams wait for.
+      lastProgress_ = nowNs();
+      continue;
+    }
+    if (stop_) break;
+    if (waits_.empty()) {
+      cv_.wait(lk, [&] { return stop_ || !waits_.empty() || !jobs_.empty(); });
+      continue;
+    }
+    watchStep(lk, &lastLive);
+    // Poll quickly while waits are young (a flag write needs no syscall to see).
+    cv_.wait_for(lk, std::chrono::microseconds(waits_.empty() ? 0 : 200));
+  }
+}
+
+void Progress::drain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  const int64_t start = nowNs();
+  while (!waits_.empty()) {
+    sweep();
+    if (waits_.empty()) break;
+    if (released_ || nowNs() - start >= timeoutNs_) {
+      releaseAll(fuscoTimeout,
+                 "the communicator was destroyed while its streams still waited for peers");
+      break;
+    }
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    lk.lock();
+  }
+}
+
+}  // namespace fusco

@@ -1,0 +1,84 @@
+// The progress thread of a CUDA communicator (the role NCCL's proxy plays). Calls on a
+// fuscoMemCuda comm only enqueue: each hands its operation to this thread (post) and returns. The
+// thread runs the operations in call order, exchanging their headers and verdicts with the peers'
+// progress threads, resolves where every message lands, and then lets the caller's stream go on
+// (the stream waits on a flag the thread sets; engine_async.h). Between operations it watches
+// every wait the streams were given (add): when a peer dies or aborts, or nothing advances within
+// the comm's timeout, it releases the waiting streams, so no stream of the caller hangs, and
+// breaks the communicator with a message naming the peer (fuscoCommGetAsyncError reports it).
+// It sleeps when it has neither work nor waits, and is joined by the comm's destruction.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fusco.h"
+
+namespace fusco {
+
+class Progress {
+ public:
+  // checkPeer: fuscoSuccess while the peer is alive; fail(result, message): break the comm.
+  // onStart runs first on the thread (e.g. makes the comm's device current).
+  Progress(int64_t timeoutMs, int64_t livenessMs, std::function<fuscoResult_t(int)> checkPeer,
+           std::function<void(fuscoResult_t, const std::string&)> fail,
+           std::function<void()> onStart = nullptr);
+  // Runs the jobs still queued (each bounded by the comm's timeout), then joins the thread.
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // Queues a job; jobs run one at a time in the order they were posted.
+  void post(std::function<void()> job);
+  // Queues a job after every job posted before and waits for its result (the synchronous calls of
+  // a CUDA comm, e.g. fuscoMoePlan's exchanges, which use the same channels as queued operations).
+  fuscoResult_t runSync(std::function<fuscoResult_t()> job);
+  // True on the progress thread itself.
+  bool onThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Jobs posted and not finished yet.
+  size_t queued() const;
+
+  // A stream will wait until (int32)(*flag - expected) >= 0; `peer` is the rank that advances it
+  // (-1: this rank's own progress thread).
+  void add(int peer, volatile uint32_t* flag, uint32_t expected, const char* what);
+  // Waits until every wait was satisfied or released (teardown); releases whatever remains after
+  // the timeout or once the comm is broken.
+  void drain();
+  // Releases every wait at once and breaks the comm (an operation failed on this thread).
+  void release(fuscoResult_t r, const std::string& why);
+  // Every wait added since the comm broke is released at once.
+  bool released() const;
+
+ private:
+  struct Wait {
+    int peer;
+    volatile uint32_t* flag;
+    uint32_t expected;
+    const char* what;
+  };
+  void run();
+  void watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive);
+  bool sweep();  // drops satisfied waits; true if any was
+  void releaseAll(fuscoResult_t r, const std::string& why);
+
+  const int64_t timeoutNs_, livenessNs_;
+  std::function<fuscoResult_t(int)> checkPeer_;
+  std::function<void(fuscoResult_t, const std::string&)> fail_;
+  std::function<void()> onStart_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, doneCv_;
+  std::deque<std::function<void()>> jobs_;
+  size_t running_ = 0;
+  std::vector<Wait> waits_;
+  bool stop_ = false, released_ = false;
+  int64_t lastProgress_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace fusco
