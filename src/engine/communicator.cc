@@ -299,7 +299,11 @@ fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
   std::lock_guard<std::recursive_mutex> g(memMu_);
   auto& sc = scratch_[slot];
   if (sc.second < bytes || sc.first == nullptr) {
-    if (sc.first != nullptr) FUSCO_CHECK(memFree(sc.first));
+    // On a CUDA comm enqueued work may still use the old buffer, and freeing device memory waits
+    // for the device, whose streams may wait for this comm's progress thread: it is kept until
+    // the comm goes.
+    if (sc.first != nullptr && progress_) retiredScratch_.push_back(sc.first);
+    if (sc.first != nullptr && !progress_) FUSCO_CHECK(memFree(sc.first));
     sc = {nullptr, 0};
     size_t grow = std::max(bytes, bytes + bytes / 4);  // headroom for the next, larger call
     void* p = nullptr;
@@ -385,6 +389,7 @@ Communicator::~Communicator() {
   }
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);
+  for (void* p : retiredScratch_) memFree(p);
   for (auto& t : transports_) t.first->close(t.second);
   for (auto& kv : plainAllocs_) free(kv.first);
   for (auto& kv : deviceAllocs_) cudaFreeDevice(kv.first);

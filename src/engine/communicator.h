@@ -197,6 +197,7 @@ class Communicator {
   std::map<void*, size_t> plainAllocs_;
   std::map<void*, size_t> deviceAllocs_;  // a CUDA comm without a device transport (one rank)
   std::map<int, std::pair<void*, size_t>> scratch_;
+  std::vector<void*> retiredScratch_;  // outgrown scratch of a CUDA comm, freed with the comm
   std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;

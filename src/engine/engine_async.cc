@@ -45,10 +45,11 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
                                    const std::function<bool()>& stop, char** host, char** dev) {
   std::unique_lock<std::mutex> lk(mu_);
   if (bytes > spans_.capacity())
-    return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
-                      "an operation needs %zu bytes of parameters, more than FUSCO_CUDA_PARAM_BYTES "
-                      "(%zu)",
-                      bytes, spans_.capacity());
+    return FUSCO_FAIL(
+        fuscoInvalidUsage, kEngine,
+        "an operation needs %zu bytes of parameters, more than FUSCO_CUDA_PARAM_BYTES "
+        "(%zu)",
+        bytes, spans_.capacity());
   const int64_t start = nowNs();
   size_t at = 0;
   for (;;) {
@@ -58,10 +59,11 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
       return FUSCO_FAIL(fuscoRemoteError, kEngine,
                         "the communicator failed while a call waited for parameter space");
     if (nowNs() - start >= timeoutMs * 1000000LL)
-      return FUSCO_FAIL(fuscoTimeout, kEngine,
-                        "no parameter space within the timeout (%lld ms): the streams did not finish "
-                        "older operations (raise FUSCO_CUDA_PARAM_BYTES?)",
-                        static_cast<long long>(timeoutMs));
+      return FUSCO_FAIL(
+          fuscoTimeout, kEngine,
+          "no parameter space within the timeout (%lld ms): the streams did not finish "
+          "older operations (raise FUSCO_CUDA_PARAM_BYTES?)",
+          static_cast<long long>(timeoutMs));
     lk.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lk.lock();
@@ -253,9 +255,9 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   pd->layout = layoutFor(o, n, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
   char* dev = nullptr;
-  FUSCO_CHECK(c.deviceQueue()->reserve(pd->layout.bytes, pd->index, c.timeoutMs(),
-                                       [&c] { return c.brokenResult() != fuscoSuccess; },
-                                       &pd->host, &dev));
+  FUSCO_CHECK(c.deviceQueue()->reserve(
+      pd->layout.bytes, pd->index, c.timeoutMs(), [&c] { return c.brokenResult() != fuscoSuccess; },
+      &pd->host, &dev));
   PairFlags f;
   FUSCO_CHECK(f.init(c, involved));
   FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, dev));

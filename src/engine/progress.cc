@@ -46,22 +46,21 @@ void Progress::post(std::function<void()> job) {
 
 fuscoResult_t Progress::runSync(std::function<fuscoResult_t()> job) {
   if (onThread()) return job();
-  std::packaged_task<fuscoResult_t()> task(std::move(job));
-  std::future<fuscoResult_t> done = task.get_future();
-  // The job's failure message is the caller's last error, as if it had run on the caller.
-  std::string message;
-  post([&task, &message] {
-    task();
-    message = threadLastError();
+  // The job's failure message becomes the caller's last error, as if it had run on the caller;
+  // both are handed over before the caller wakes.
+  struct Outcome {
+    fuscoResult_t result;
+    std::string message;
+  };
+  std::promise<Outcome> done;
+  std::future<Outcome> outcome = done.get_future();
+  post([&job, &done] {
+    fuscoResult_t r = job();
+    done.set_value(Outcome{r, r == fuscoSuccess ? std::string() : threadLastError()});
   });
-  fuscoResult_t r = done.get();
-  if (r != fuscoSuccess) setThreadLastError(message);
-  return r;
-}
-
-size_t Progress::queued() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return jobs_.size() + running_;
+  Outcome o = outcome.get();
+  if (o.result != fuscoSuccess) setThreadLastError(o.message);
+  return o.result;
 }
 
 void Progress::add(int peer, volatile uint32_t* flag, uint32_t expected, const char* what) {
@@ -143,11 +142,9 @@ void Progress::run() {
     if (!jobs_.empty()) {
       std::function<void()> job = std::move(jobs_.front());
       jobs_.pop_front();
-      ++running_;
       lk.unlock();
       job();
       lk.lock();
-      --running_;
       // A finished job advanced the operations the streams wait for.
       lastProgress_ = nowNs();
       continue;

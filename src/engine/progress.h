@@ -41,8 +41,6 @@ class Progress {
   fuscoResult_t runSync(std::function<fuscoResult_t()> job);
   // True on the progress thread itself.
   bool onThread() const { return std::this_thread::get_id() == thread_.get_id(); }
-  // Jobs posted and not finished yet.
-  size_t queued() const;
 
   // A stream will wait until (int32)(*flag - expected) >= 0; `peer` is the rank that advances it
   // (-1: this rank's own progress thread).
@@ -74,7 +72,6 @@ class Progress {
   mutable std::mutex mu_;
   std::condition_variable cv_, doneCv_;
   std::deque<std::function<void()>> jobs_;
-  size_t running_ = 0;
   std::vector<Wait> waits_;
   bool stop_ = false, released_ = false;
   int64_t lastProgress_ = 0;
