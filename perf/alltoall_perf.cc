@@ -9,10 +9,13 @@
 // --mem cuda: the buffers are device memory and the calls go to a fuscoMemCuda comm on the rank's
 // stream (cuda_mem.h). The timed loop enqueues the iterations and then waits for the stream, as
 // nccl-tests does; the checked call's bytes are copied to the host and checked there. Barriers
-// and results stay on the host comm made from the launcher's id.
+// and results stay on the host comm made from the launcher's id. An extra column, host, is the
+// host wall time of one fuscoAllToAll call (it returns once enqueued): each rank's median over the
+// timed calls, the slowest rank's median shown.
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -151,6 +154,13 @@ inline uint64_t elementValue(uint64_t seed, int src, int dst, size_t i) {
   return mix64(seed ^ (static_cast<uint64_t>(src) << 48) ^ (static_cast<uint64_t>(dst) << 32) ^ i);
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 inline void storeBits(char* p, size_t bytes, uint64_t v) { memcpy(p, &v, bytes); }
 inline bool sameBits(const char* p, size_t bytes, uint64_t v) { return memcmp(p, &v, bytes) == 0; }
 
@@ -173,11 +183,14 @@ class Rank {
   bool barrier();
   bool maxOverRanks(double mine, double* out);
   bool sumOverRanks(int64_t mine, int64_t* out);
-  bool runSize(size_t count, double* usPerIter, int64_t* wrong);
+  bool allToAll(size_t count, double* hostUs);
+  bool runSize(size_t count, double* usPerIter, double* hostUs, int64_t* wrong);
   void fill(size_t count, uint64_t seed);
   int64_t verify(size_t count, uint64_t seed) const;
   void printHeader(const std::vector<std::string>& info) const;
-  void printRow(size_t bytes, size_t count, double us, double algbw, double busbw, int64_t wrong);
+  void printRow(size_t bytes, size_t count, double us, double algbw, double busbw, int64_t wrong,
+                double hostUs);
+  std::string cudaJson(double hostUs) const;
 
   const Options& o_;
   const Launch& l_;
@@ -344,15 +357,17 @@ void Rank::printHeader(const std::vector<std::string>& info) const {
   if (cuda())
     printf(
         "# memory: cuda (fuscoMemCuda comm, stream-ordered; iterations enqueued back to back, "
-        "then cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d)\n",
+        "then cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d)\n"
+        "# host = host wall time of one fuscoAllToAll call alone (it returns once enqueued): "
+        "median over the timed calls, slowest rank\n",
         cuda_.gpuName.c_str(), cuda_.device, cuda_.deviceCount);
   printf("#\n# Ranks\n");
   for (const std::string& s : info) printf("#  %s\n", s.c_str());
   printf("#\n");
-  printf("# %10s %12s %9s %11s %11s %11s %8s\n", "size", "count", "type", "time", "algbw", "busbw",
-         "#wrong");
-  printf("# %10s %12s %9s %11s %11s %11s %8s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
-         "(GB/s)", "");
+  printf("# %10s %12s %9s %11s %11s %11s %8s%s\n", "size", "count", "type", "time", "algbw",
+         "busbw", "#wrong", cuda() ? "        host" : "");
+  printf("# %10s %12s %9s %11s %11s %11s %8s%s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
+         "(GB/s)", "", cuda() ? "        (us)" : "");
   fflush(stdout);
 }
 
@@ -386,10 +401,20 @@ int64_t Rank::verify(size_t count, uint64_t seed) const {
   return wrong;
 }
 
+// One fuscoAllToAll on the data comm; *hostUs: the host wall time of the call alone.
+bool Rank::allToAll(size_t count, double* hostUs) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fuscoResult_t r = fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_);
+  *hostUs =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  return dataOk(r);
+}
+
 // Times one size: warmup, a barrier, iters timed calls; then (with -c 1) one checked call into a
 // poisoned receive buffer. --mem cuda: the warmup is waited for before the barrier, the timed
-// calls are enqueued back to back and the clock stops when the stream is done.
-bool Rank::runSize(size_t count, double* usPerIter, int64_t* wrong) {
+// calls are enqueued back to back and the clock stops when the stream is done; *hostUs is the
+// slowest rank's median host time per call (host mode: 0, not gathered).
+bool Rank::runSize(size_t count, double* usPerIter, double* hostUs, int64_t* wrong) {
   const uint64_t seed = 0x5eedf05c0ULL ^ (count * 0x100000001b3ULL);
   const size_t bytes = count * o_.type->bytes * l_.nranks;
   std::string err;
@@ -405,14 +430,17 @@ bool Rank::runSize(size_t count, double* usPerIter, int64_t* wrong) {
     if (!dataOk(fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_))) return false;
   }
   if (!syncOk("the warmup") || !barrier()) return false;
+  std::vector<double> host(o_.iters);
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o_.iters; ++i) {
-    if (!dataOk(fuscoAllToAll(send_, recv_, count, o_.type->type, data_, stream_))) return false;
+    if (!allToAll(count, &host[i])) return false;
   }
   if (!syncOk("the timed iterations")) return false;
   double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (!maxOverRanks(us / o_.iters, usPerIter)) return false;
+  *hostUs = 0;
+  if (cuda() && !maxOverRanks(median(host), hostUs)) return false;
   *wrong = 0;
   if (!o_.check) return true;
   if (!cuda())
@@ -424,12 +452,21 @@ bool Rank::runSize(size_t count, double* usPerIter, int64_t* wrong) {
   return sumOverRanks(verify(count, seed), wrong);
 }
 
+// --mem cuda: what each JSON line adds (nothing in host mode).
+std::string Rank::cudaJson(double hostUs) const {
+  if (!cuda()) return "";
+  char buf[32];
+  snprintf(buf, sizeof(buf), ",\"host_us\":%.3f", hostUs);
+  return ",\"mem\":\"cuda\",\"gpu\":\"" + cuda_.gpuName + "\"" + buf;
+}
+
 void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double busbw,
-                    int64_t wrong) {
-  char wrongText[32] = "N/A";
+                    int64_t wrong, double hostUs) {
+  char wrongText[32] = "N/A", hostText[32] = "";
   if (o_.check) snprintf(wrongText, sizeof(wrongText), "%" PRId64, wrong);
-  printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %8s\n", bytes, count, o_.type->name, us, algbw,
-         busbw, wrongText);
+  if (cuda()) snprintf(hostText, sizeof(hostText), " %11.2f", hostUs);
+  printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %8s%s\n", bytes, count, o_.type->name, us, algbw,
+         busbw, wrongText, hostText);
   fflush(stdout);
   if (json_ != nullptr) {
     fprintf(json_,
@@ -444,7 +481,7 @@ void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double 
             : o_.arena ? "arena"
                        : "malloc",
             bytes, count, o_.iters, o_.warmup, us, algbw, busbw, wrong, o_.check,
-            cuda() ? (",\"mem\":\"cuda\",\"gpu\":\"" + cuda_.gpuName + "\"").c_str() : "");
+            cudaJson(hostUs).c_str());
     fflush(json_);
   }
 }
@@ -475,16 +512,16 @@ int Rank::run() {
       continue;
     }
     lastCount = count;
-    double us = 0;
+    double us = 0, hostUs = 0;
     int64_t wrong = 0;
-    if (!runSize(count, &us, &wrong)) return 1;
+    if (!runSize(count, &us, &hostUs, &wrong)) return 1;
     const size_t bytes = count * unit;
     const double algbw = us > 0 ? bytes / us / 1e3 : 0;  // bytes/us/1e3 = GB/s
     const double busbw = algbw * (l_.nranks - 1) / l_.nranks;
     totalWrong += wrong;
     busbwSum += busbw;
     ++rows;
-    if (l_.rank == 0) printRow(bytes, count, us, algbw, busbw, wrong);
+    if (l_.rank == 0) printRow(bytes, count, us, algbw, busbw, wrong, hostUs);
     if (last) break;
   }
   if (l_.rank == 0) {

@@ -20,6 +20,11 @@ double nowMs() {
       .count();
 }
 
+// Microseconds since t0 (the host time of one enqueueing call).
+double usSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
 bool cudaOk(cudaError_t e, const char* what, std::string* err) {
   if (e == cudaSuccess) return true;
   *err = std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
@@ -220,11 +225,17 @@ bool CudaMoeImpl::runFusco(fuscoMoeHandle_t* h, bool plan, bool poison, const Ba
                         "fuscoMoePlan");
   };
   auto doDispatch = [&] {
-    return fok(fuscoMoeDispatch(*h, x_, rb, recvX_, stream()), "fuscoMoeDispatch");
+    const auto t0 = std::chrono::steady_clock::now();
+    const fuscoResult_t r = fuscoMoeDispatch(*h, x_, rb, recvX_, stream());
+    t[kDispatchHostUs] = usSince(t0);
+    return fok(r, "fuscoMoeDispatch");
   };
   auto doCombine = [&] {
-    return fok(fuscoMoeCombine(*h, expertOut_, s_.dtype, s_.hidden, weights_, out_, stream()),
-               "fuscoMoeCombine");
+    const auto t0 = std::chrono::steady_clock::now();
+    const fuscoResult_t r =
+        fuscoMoeCombine(*h, expertOut_, s_.dtype, s_.hidden, weights_, out_, stream());
+    t[kCombineHostUs] = usSince(t0);
+    return fok(r, "fuscoMoeCombine");
   };
   // Between dispatch and combine: the expert (the identity, untimed).
   return timed(barrier, &t[0], doPlan, "fuscoMoePlan") &&

@@ -13,7 +13,8 @@
 //   limit    cudaMemcpyAsync device to device of the bytes this rank sends in dispatch (P -> Q),
 //            then of those it sends in combine (Q -> P).
 // Every phase: barrier (control comm), host clock, enqueue on the rank's stream,
-// cudaStreamSynchronize, host clock.
+// cudaStreamSynchronize, host clock. fusco's dispatch and combine calls are also clocked alone
+// (their host time: they return once enqueued).
 //
 // No CUDA header needed. makeCudaMoe returns nullptr in a build without CUDA (moe_perf refuses
 // --mem cuda there before it gets this far).
@@ -40,6 +41,11 @@ struct CudaMoeShape {
   fuscoMoeConfig_t moe = FUSCO_MOE_CONFIG_INITIALIZER;  // numExperts in contiguous blocks
 };
 
+// What one run of a contender records (moe_perf's t[kRunTimes]): plan, dispatch and combine ms,
+// then the host wall time in us of the fuscoMoeDispatch and fuscoMoeCombine calls alone, which
+// return once enqueued (runFusco only; 0 in every other run, host mode included).
+enum { kPlanMs, kDispatchMs, kCombineMs, kDispatchHostUs, kCombineHostUs, kRunTimes };
+
 class CudaMoe {
  public:
   using Barrier = std::function<bool()>;
@@ -58,8 +64,10 @@ class CudaMoe {
   virtual bool planOnce(UnfusedPipeline* routing, fuscoMoeHandle_t* handle) = 0;
   // Local: recvX (recvRows), expertOut (expertRows), P and Q (bufRows rows each), out.
   virtual bool allocate(size_t recvRows, size_t expertRows, size_t bufRows) = 0;
-  // One iteration of a contender: t[0..2] = plan, dispatch, combine ms. plan false: reuse the last
-  // plan (t[0] ~ 0). poison: fill the outputs with 0xA5 first (a checked run).
+  // One iteration of a contender: t[0..2] = plan, dispatch, combine ms; runFusco also sets
+  // t[kDispatchHostUs] and t[kCombineHostUs] (steady_clock around the call, not the sync). plan
+  // false: reuse the last plan (t[0] ~ 0). poison: fill the outputs with 0xA5 first (a checked
+  // run).
   virtual bool runFusco(fuscoMoeHandle_t* handle, bool plan, bool poison, const Barrier& barrier,
                         double* t) = 0;
   virtual bool runUnfused(bool plan, bool poison, const Barrier& barrier, double* t) = 0;

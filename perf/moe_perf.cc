@@ -350,13 +350,14 @@ int Bench::run() {
   // Interleaved: fusco (each variant), unfused, mpi, limit, fusco, ... so machine noise hits all
   // alike.
   const int R = static_cast<int>(rows_.size());
-  std::vector<double> times(R * o_.iters * 3, 0.0);
+  std::vector<double> times(R * o_.iters * kRunTimes, 0.0);
   for (int it = 0; it < o_.warmup + o_.iters; ++it) {
     for (int c = 0; c < R; ++c) {
-      double t[3] = {0, 0, 0};
+      double t[kRunTimes] = {};
       if (active_[rows_[c].kind] && !runContender(c, t, nullptr)) return 1;
       if (it >= o_.warmup)
-        for (int ph = 0; ph < 3; ++ph) times[(c * o_.iters + it - o_.warmup) * 3 + ph] = t[ph];
+        for (int ph = 0; ph < kRunTimes; ++ph)
+          times[(c * o_.iters + it - o_.warmup) * kRunTimes + ph] = t[ph];
     }
   }
   std::vector<int64_t> wrong(R, 0);
@@ -369,7 +370,7 @@ int Bench::run() {
                    !ok(fuscoMoeDispatch(handles_[0], x_, rowBytes_, recvX_, nullptr), "dispatch"))
       return 1;
     for (int c = 0; c < R; ++c) {  // fusco variants first: the first one's recvX is the reference
-      double t[3];
+      double t[kRunTimes] = {};
       if (rows_[c].kind != kLimit && active_[rows_[c].kind] && !runContender(c, t, &wrong[c]))
         return 1;
     }
@@ -383,7 +384,8 @@ int Bench::run() {
 }
 
 // Every rank learns every rank's times, traffic and wrong counts; the phase time of an iteration
-// is the slowest rank's, the figure the median over iterations.
+// is the slowest rank's, the figure the median over iterations (host us of the enqueueing calls
+// alike).
 bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t>& wrong,
                       std::vector<Result>* res) {
   const int n = l_.nranks, C = static_cast<int>(rows_.size());
@@ -400,20 +402,21 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
     Result& r = (*res)[c];
     r.ran = active_[rows_[c].kind];
     r.kind = rows_[c].kind, r.variant = rows_[c].variant, r.name = rows_[c].name;
-    std::vector<double> ph[3], total;
+    std::vector<double> ph[kRunTimes], total;
     for (int it = 0; it < o_.iters; ++it) {
       double sum = 0;
-      for (int p = 0; p < 3; ++p) {
+      for (int p = 0; p < kRunTimes; ++p) {
         double m = 0;
         for (int k = 0; k < n; ++k)
-          m = std::max(m, all[k * mine.size() + (c * o_.iters + it) * 3 + p]);
+          m = std::max(m, all[k * mine.size() + (c * o_.iters + it) * kRunTimes + p]);
         ph[p].push_back(m);
-        sum += m;
+        if (p <= kCombineMs) sum += m;
       }
       total.push_back(sum);
     }
-    r.plan = median(ph[0]), r.dispatch = median(ph[1]), r.combine = median(ph[2]);
-    r.total = median(total);
+    r.plan = median(ph[kPlanMs]), r.dispatch = median(ph[kDispatchMs]);
+    r.combine = median(ph[kCombineMs]), r.total = median(total);
+    r.dispatchHostUs = median(ph[kDispatchHostUs]), r.combineHostUs = median(ph[kCombineHostUs]);
     r.totalMin = *std::min_element(total.begin(), total.end());
     for (int k = 0; k < n; ++k) {
       r.intra += allCounts[k * 3 * C + 3 * c];

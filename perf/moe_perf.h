@@ -82,6 +82,7 @@ struct Result {  // rank 0's summary of one contender (one row of the table)
   std::string name;
   double plan = 0, dispatch = 0, combine = 0, total = 0, totalMin = 0;
   double maxDiff = 0;  // --mem cuda: max |out - fusco's out| over ranks (checked pipelines)
+  double dispatchHostUs = 0, combineHostUs = 0;  // kDispatchHostUs, kCombineHostUs; same median
   int64_t intra = 0, inter = 0, wrong = 0;
   int64_t interMax = 0;  // the largest one rank's inter-node bytes sent (fusco rows: its stats)
 };
@@ -103,11 +104,13 @@ class Bench {
   bool setupCuda();
   bool allocateCuda();
   bool runCuda(int c, double* t, int64_t* wrong);
+  bool hostTimed(const Result& r) const;  // --mem cuda, fused fusco row: host us measured
   bool cudaReference();
   bool checkCudaFusco(int64_t* wrong);
   bool checkCudaPipeline(int c, int64_t* wrong);
   int64_t diffCombine(const char* ref, double* maxDiff) const;
   std::string cudaJson(const Result& r, bool withDiff) const;
+  std::string hostColumns(const Result& r) const;
   void* alloc(size_t bytes);
   bool barrier();
   bool allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt);
@@ -124,6 +127,7 @@ class Bench {
   double zipfS() const;
   void printHeader(const std::vector<int64_t>& rowsPerRank) const;
   void printTable(const std::vector<Result>& res) const;
+  void printRow(const Result& r, int w, const Result* const base[2], bool diffs) const;
   void printVariantRatios(const std::vector<Result>& res) const;
   std::string jsonLine(const Result& r, double gbs, bool diffs) const;
 

@@ -84,7 +84,7 @@ bool Bench::runCuda(int c, double* t, int64_t* wrong) {
 // run does not make them (fusco not a contender, or --fuse off).
 bool Bench::cudaReference() {
   if (active_[kFusco] && o_.fuse) return true;
-  double t[3];
+  double t[kRunTimes] = {};
   int64_t wrong = 0;
   const CudaMoe::Barrier b = [this] { return barrier(); };
   return gpuOk(gpu_->runFusco(&handles_[0], true, true, b, t), "fusco (reference)") &&
@@ -138,16 +138,37 @@ int64_t Bench::diffCombine(const char* ref, double* maxDiff) const {
   return wrong;
 }
 
+// --mem cuda: whether r's row made fuscoMoeDispatch / fuscoMoeCombine calls whose host time was
+// taken (the fused fusco row; --fuse off runs the pipeline there).
+bool Bench::hostTimed(const Result& r) const { return gpu_ && r.kind == kFusco && o_.fuse; }
+
 // --mem cuda: what each JSON line adds (nothing in host mode).
 std::string Bench::cudaJson(const Result& r, bool withDiff) const {
   if (!gpu_) return "";
   std::string s = ",\"mem\":\"cuda\",\"gpu\":\"" + gpu_->cuda().gpuName + "\"";
+  char buf[96];
   if (withDiff) {
-    char buf[64];
     snprintf(buf, sizeof(buf), ",\"max_abs_diff_vs_fusco\":%.6g", r.maxDiff);
     s += buf;
   }
+  if (hostTimed(r)) {
+    snprintf(buf, sizeof(buf), ",\"dispatch_host_us\":%.2f,\"combine_host_us\":%.2f",
+             r.dispatchHostUs, r.combineHostUs);
+    s += buf;
+  }
   return s;
+}
+
+// --mem cuda: the table's host-time columns for r ("-" where no enqueueing call was clocked);
+// nothing in host mode, whose table stays as it was.
+std::string Bench::hostColumns(const Result& r) const {
+  if (!gpu_) return "";
+  char buf[64];
+  if (hostTimed(r))
+    snprintf(buf, sizeof(buf), " %16.1f %15.1f", r.dispatchHostUs, r.combineHostUs);
+  else
+    snprintf(buf, sizeof(buf), " %16s %15s", "-", "-");
+  return buf;
 }
 }  // namespace perf
 }  // namespace fusco

@@ -73,41 +73,28 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
     printf(
         "# limit = device-to-device cudaMemcpyAsync of the rows each rank sends in dispatch, "
         "then in combine; unfused = permute / sort-chunks / un-permute CUDA kernels around "
-        "fuscoAllToAllv\n");
+        "fuscoAllToAllv\n"
+        "# dispatch / combine host us = host wall time of the fuscoMoeDispatch / fuscoMoeCombine "
+        "call alone (it returns once enqueued; the stream sync is not in it), slowest rank, "
+        "median over iterations (fusco row only)\n");
   else
     printf("# limit = memcpy of the rows each rank sends in dispatch, then in combine\n");
   fflush(stdout);
 }
 
 void Bench::printTable(const std::vector<Result>& res) const {
-  const double logical = 2.0 * o_.tokens * o_.topk * rowBytes_;  // per rank, both directions
   const bool diffs = gpu_ && o_.check;  // --mem cuda: each pipeline's out vs fusco's out
   int w = 9;  // the contender column: 9 wide, wider for fusco[node/greedy]
   for (const Result& r : res)
     if (r.ran) w = std::max(w, static_cast<int>(r.name.size()));
-  printf("#%-*s %9s %11s %10s %19s %9s %10s %10s %8s %8s %7s\n", w, "contender", "plan ms",
+  printf("#%-*s %9s %11s %10s %19s %9s %10s %10s %8s %8s %7s%s\n", w, "contender", "plan ms",
          "dispatch ms", "combine ms", "total ms (min)", "log GB/s", "intra MB", "inter MB",
-         "vs unf", "vs mpi", "#wrong");
+         "vs unf", "vs mpi", "#wrong", gpu_ ? " dispatch host us combine host us" : "");
   const Result* base[2] = {nullptr, nullptr};  // unfused, mpi
   for (const Result& r : res)
     if (r.kind == kUnfused || r.kind == kMpi) base[r.kind == kUnfused ? 0 : 1] = &r;
-  for (const Result& r : res) {
-    if (!r.ran) continue;
-    char vs[2][16];
-    for (int b = 0; b < 2; ++b) {
-      if (base[b] != nullptr && base[b]->ran && r.total > 0)
-        snprintf(vs[b], sizeof(vs[b]), "%.2fx", base[b]->total / r.total);
-      else
-        snprintf(vs[b], sizeof(vs[b]), "-");
-    }
-    char tot[32];
-    snprintf(tot, sizeof(tot), "%.1f (%.1f)", r.total, r.totalMin);
-    const double gbs = r.total > 0 ? logical / r.total / 1e6 : 0;
-    printf(" %-*s %9.2f %11.2f %10.2f %19s %9.2f %10.1f %10.1f %8s %8s %7s\n", w, r.name.c_str(),
-           r.plan, r.dispatch, r.combine, tot, gbs, r.intra / 1e6, r.inter / 1e6, vs[0], vs[1],
-           o_.check && r.kind != kLimit ? std::to_string(r.wrong).c_str() : "N/A");
-    if (json_ != nullptr) fputs(jsonLine(r, gbs, diffs).c_str(), json_);
-  }
+  for (const Result& r : res)
+    if (r.ran) printRow(r, w, base, diffs);
   const Result* limit = nullptr;
   for (const Result& r : res)
     if (r.kind == kLimit && r.ran) limit = &r;
@@ -147,6 +134,27 @@ void Bench::printTable(const std::vector<Result>& res) const {
            bad == 0 ? "OK (dispatch bytes identical, combine within tolerance)" : "FAILED");
   }
   fflush(stdout);
+}
+
+// One contender's row of the table (w: the contender column's width; base: unfused, mpi) and its
+// -J line.
+void Bench::printRow(const Result& r, int w, const Result* const base[2], bool diffs) const {
+  const double logical = 2.0 * o_.tokens * o_.topk * rowBytes_;  // per rank, both directions
+  char vs[2][16];
+  for (int b = 0; b < 2; ++b) {
+    if (base[b] != nullptr && base[b]->ran && r.total > 0)
+      snprintf(vs[b], sizeof(vs[b]), "%.2fx", base[b]->total / r.total);
+    else
+      snprintf(vs[b], sizeof(vs[b]), "-");
+  }
+  char tot[32];
+  snprintf(tot, sizeof(tot), "%.1f (%.1f)", r.total, r.totalMin);
+  const double gbs = r.total > 0 ? logical / r.total / 1e6 : 0;
+  printf(" %-*s %9.2f %11.2f %10.2f %19s %9.2f %10.1f %10.1f %8s %8s %7s%s\n", w, r.name.c_str(),
+         r.plan, r.dispatch, r.combine, tot, gbs, r.intra / 1e6, r.inter / 1e6, vs[0], vs[1],
+         o_.check && r.kind != kLimit ? std::to_string(r.wrong).c_str() : "N/A",
+         hostColumns(r).c_str());
+  if (json_ != nullptr) fputs(jsonLine(r, gbs, diffs).c_str(), json_);
 }
 
 // The ablation ratios of docs/PERF.md, between fusco variants of this run (printed only when the
