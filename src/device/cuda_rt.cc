@@ -143,17 +143,19 @@ void cudaDeviceSyncQuiet() {
   cudaGetLastError();
 }
 
-namespace {
-// Relaxed capture mode for the scope: allocations are legal while another stream is captured.
-struct RelaxedCapture {
+CudaRelaxedCapture::CudaRelaxedCapture() {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-};
-}  // namespace
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  mode_ = static_cast<int>(mode);
+}
+
+CudaRelaxedCapture::~CudaRelaxedCapture() {
+  cudaStreamCaptureMode mode = static_cast<cudaStreamCaptureMode>(mode_);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+}
 
 fuscoResult_t cudaAllocMapped(size_t bytes, void** host, void** dev) {
-  RelaxedCapture relaxed;
+  CudaRelaxedCapture relaxed;
   *host = *dev = nullptr;
   FUSCO_CUDACHECK(cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable), kEngine);
   cudaError_t e = cudaHostGetDevicePointer(dev, *host, 0);
@@ -167,7 +169,7 @@ fuscoResult_t cudaAllocMapped(size_t bytes, void** host, void** dev) {
 
 void cudaFreeMapped(void* host) {
   if (host == nullptr) return;
-  RelaxedCapture relaxed;
+  CudaRelaxedCapture relaxed;
   cudaFreeHost(host);
   cudaGetLastError();
 }
@@ -271,6 +273,8 @@ fuscoResult_t cudaStreamCapturing(void*, bool* capturing) {
   return notBuilt();
 }
 void cudaRelaxCaptureOnThisThread() {}
+CudaRelaxedCapture::CudaRelaxedCapture() : mode_(0) {}
+CudaRelaxedCapture::~CudaRelaxedCapture() = default;
 DeviceBuffer::~DeviceBuffer() = default;
 fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }

@@ -46,6 +46,18 @@ fuscoResult_t cudaStreamCapturing(void* stream, bool* capturing);
 // Lets the calling thread allocate and free while another thread captures a stream (the CUDA
 // path's progress thread; cudaThreadExchangeStreamCaptureMode, relaxed).
 void cudaRelaxCaptureOnThisThread();
+// The same for one scope (the previous mode comes back at its end): allocations a call makes for a
+// graph while its own stream is being captured.
+class CudaRelaxedCapture {
+ public:
+  CudaRelaxedCapture();
+  ~CudaRelaxedCapture();
+  CudaRelaxedCapture(const CudaRelaxedCapture&) = delete;
+  CudaRelaxedCapture& operator=(const CudaRelaxedCapture&) = delete;
+
+ private:
+  int mode_;
+};
 // Waits for all work of the current device (teardown only).
 void cudaDeviceSyncQuiet();
 

@@ -295,6 +295,49 @@ fuscoResult_t Communicator::takeAsyncError(std::string* why) {
   return r;
 }
 
+fuscoResult_t Communicator::scratchOn(int slot, size_t bytes, void* stream, char** ptr) {
+  bool capturing = false;
+  if (memType() == fuscoMemCuda) FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
+  return capturing ? graphBuffer(bytes, ptr) : scratch(slot, bytes, ptr);
+}
+
+fuscoResult_t Communicator::graphBuffer(size_t bytes, char** ptr) {
+  std::lock_guard<std::recursive_mutex> g(memMu_);
+  CudaRelaxedCapture relaxed;  // the caller's stream may be capturing
+  void* p = nullptr;
+  FUSCO_CHECK(memAlloc(std::max<size_t>(bytes, 1), &p));
+  graphBuffers_.push_back(p);
+  *ptr = static_cast<char*>(p);
+  return fuscoSuccess;
+}
+
+void Communicator::noteCapture() {
+  if (captured_ || !progress_) return;
+  captured_ = true;
+  progress_->setIdleCheck([this] { checkGraphPeers(); });
+}
+
+// The idle progress thread of a comm with captured operations: a dead peer breaks the comm, and
+// while it is broken every graph wait of this rank is released (a replay may start any time).
+void Communicator::checkGraphPeers() {
+  if (brokenResult() == fuscoSuccess) {
+    for (int p = 0; p < nranks_; ++p) {
+      const PeerConn& pc = conns_[p];
+      if (p == rank_ || pc.ops == nullptr || pc.ops->checkPeer(pc.tc, p) == fuscoSuccess) continue;
+      std::string why = "rank " + std::to_string(p) + " failed: " + threadLastError();
+      FUSCO_WARN(kEngine, "%s", why.c_str());
+      markBroken(fuscoRemoteError, why);
+      break;
+    }
+  }
+  if (brokenResult() == fuscoSuccess) return;
+  for (int p = 0; p < nranks_; ++p) {
+    DeviceFlags f;
+    if (p == rank_ || deviceFlags(p, &f) != fuscoSuccess) continue;
+    for (int kind = 2; kind < kDeviceFlagKinds; ++kind) *f.hostWait[kind] = 1;
+  }
+}
+
 fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
   std::lock_guard<std::recursive_mutex> g(memMu_);
   auto& sc = scratch_[slot];
@@ -390,6 +433,7 @@ Communicator::~Communicator() {
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);
   for (void* p : retiredScratch_) memFree(p);
+  for (void* p : graphBuffers_) memFree(p);
   for (auto& t : transports_) t.first->close(t.second);
   for (auto& kv : plainAllocs_) free(kv.first);
   for (auto& kv : deviceAllocs_) cudaFreeDevice(kv.first);

@@ -94,6 +94,16 @@ class Communicator {
   // Grow-only scratch memory of this communicator, from memAlloc so peers can write it directly;
   // kept across calls so no operation pays for fresh pages. One buffer per slot (ScratchSlot).
   fuscoResult_t scratch(int slot, size_t bytes, char** ptr);
+  // scratch() for a call on `stream` (a CUDA comm): while the stream is being captured into a CUDA
+  // graph the buffer is the graph's own (graphBuffer), since every replay reuses it.
+  fuscoResult_t scratchOn(int slot, size_t bytes, void* stream, char** ptr);
+  // Peer-mappable memory for one captured operation, kept until the comm is destroyed (a graph may
+  // be replayed at any time before that).
+  fuscoResult_t graphBuffer(size_t bytes, char** ptr);
+  // The comm has captured operations: the idle progress thread checks the peers every
+  // FUSCO_LIVENESS_MS, since replays are not announced to it (graph waits are released when
+  // a peer dies).
+  void noteCapture();
   // Steps every transport that moves posted messages in the background (TransportOps::progress).
   void progressTransports() {
     for (auto& t : transports_)
@@ -198,6 +208,9 @@ class Communicator {
   std::map<void*, size_t> deviceAllocs_;  // a CUDA comm without a device transport (one rank)
   std::map<int, std::pair<void*, size_t>> scratch_;
   std::vector<void*> retiredScratch_;  // outgrown scratch of a CUDA comm, freed with the comm
+  std::vector<void*> graphBuffers_;    // captured operations' buffers, freed with the comm
+  bool captured_ = false;
+  void checkGraphPeers();
   std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;

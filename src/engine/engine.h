@@ -69,6 +69,9 @@ struct Op {
   bool firstInCall = false;
   std::vector<AgreeValue> agree;
   bool corruptHeaders = false;
+  // Enqueued while its stream was being captured into a CUDA graph: its staging and parameters
+  // are its own (engine_async.h).
+  bool captured = false;
 
   explicit Op(int nranks) : peers(nranks) {}
 };

@@ -21,6 +21,7 @@ FUSCO_PARAM_INT(CudaParamBytes, "FUSCO_CUDA_PARAM_BYTES", 4 << 20, 64 << 10, INT
                 "pinned memory for the parameters of a CUDA comm's enqueued operations (bytes)");
 
 DeviceQueue::~DeviceQueue() {
+  for (void* p : graphParams_) cudaFreeMapped(p);
   cudaFreeMapped(ringHost_);
   cudaFreeMapped(pageHost_);
 }
@@ -74,6 +75,17 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
   return fuscoSuccess;
 }
 
+fuscoResult_t DeviceQueue::graphParams(size_t bytes, char** host, char** dev) {
+  std::lock_guard<std::mutex> g(mu_);
+  void *h = nullptr, *d = nullptr;
+  FUSCO_CHECK(cudaAllocMapped(bytes, &h, &d));
+  graphParams_.push_back(h);
+  std::memset(h, 0, bytes);
+  *host = static_cast<char*>(h);
+  *dev = static_cast<char*>(d);
+  return fuscoSuccess;
+}
+
 void DeviceQueue::go(uint64_t index) {
   std::atomic_thread_fence(std::memory_order_seq_cst);  // parameters before the flag
   *goHost() = static_cast<uint32_t>(index);
@@ -115,10 +127,12 @@ struct PairFlags {
   std::vector<DeviceFlags> flags;
   std::vector<uint32_t> sendSeq, recvSeq;
   std::vector<bool> involved;
+  bool graph = false;  // a captured operation (kinds 2 and 3, binary semaphores)
 
-  fuscoResult_t init(Communicator& c, const std::vector<bool>& inv) {
+  fuscoResult_t init(Communicator& c, const std::vector<bool>& inv, bool captured) {
     const int n = c.nranks();
     involved = inv;
+    graph = captured;
     flags.assign(n, {});
     sendSeq.assign(n, 0), recvSeq.assign(n, 0);
     for (int p = 0; p < n; ++p) {
@@ -131,16 +145,23 @@ struct PairFlags {
   }
   // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq)...
   fuscoResult_t post(void* s, int kind, bool asSender) const {
-    for (size_t p = 0; p < involved.size(); ++p)
-      if (involved[p])
-        FUSCO_CHECK(
-            cudaStreamWriteFlag(s, flags[p].devPost[kind], asSender ? sendSeq[p] : recvSeq[p]));
+    for (size_t p = 0; p < involved.size(); ++p) {
+      if (!involved[p]) continue;
+      const uint32_t v = graph ? 1 : asSender ? sendSeq[p] : recvSeq[p];
+      FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[kind + (graph ? 2 : 0)], v));
+    }
     return fuscoSuccess;
   }
-  // ... and waits for each peer's flag `kind`, each wait watched by the progress thread.
+  // ... and waits for each peer's flag `kind`, each wait watched by the progress thread (a graph's
+  // waits: reset for the next replay, released by the idle check when the comm breaks).
   fuscoResult_t await(Communicator& c, void* s, int kind, bool asSender, const char* what) const {
     for (size_t p = 0; p < involved.size(); ++p) {
       if (!involved[p]) continue;
+      if (graph) {
+        FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind + 2], 1));
+        FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devWait[kind + 2], 0));
+        continue;
+      }
       const uint32_t seq = asSender ? sendSeq[p] : recvSeq[p];
       FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind], seq));
       c.progress()->add(static_cast<int>(p), flags[p].hostWait[kind], seq, what);
@@ -171,7 +192,9 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
     FUSCO_CHECK(f.await(c, s, 1, false, "its data"));
     FUSCO_CHECK(deviceCopyDeferred(dev + l.offB, l.slotsB, s));
   }
-  return cudaStreamWriteFlag(s, q.consumedDev(), static_cast<uint32_t>(index));
+  // A captured operation's parameters are its own: nothing to hand back to the ring.
+  return op.captured ? fuscoSuccess
+                     : cudaStreamWriteFlag(s, q.consumedDev(), static_cast<uint32_t>(index));
 }
 
 // The progress thread's part: the rounds, then the parameters, then GO.
@@ -234,15 +257,8 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   *agreedFailure = false;
   const int n = c.nranks(), me = c.rank();
   FUSCO_CHECK(c.useDevice());
-  bool capturing = false;
-  FUSCO_CHECK(cudaStreamCapturing(op.stream, &capturing));
-  if (capturing) {
-    *agreedFailure = true;  // every rank that captures the same call refuses it alike
-    return FUSCO_FAIL(fuscoInvalidUsage, kApi,
-                      "%s: fusco calls cannot be captured into a CUDA graph yet (the stream is "
-                      "capturing); call it outside the capture",
-                      op.name);
-  }
+  FUSCO_CHECK(cudaStreamCapturing(op.stream, &op.captured));
+  if (op.captured) c.noteCapture();
   std::vector<bool> involved(n, false);
   size_t tasksA = 0, tasksB = 0;
   for (int p = 0; p < n; ++p) {
@@ -255,11 +271,14 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   pd->layout = layoutFor(o, n, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
   char* dev = nullptr;
-  FUSCO_CHECK(c.deviceQueue()->reserve(
-      pd->layout.bytes, pd->index, c.timeoutMs(), [&c] { return c.brokenResult() != fuscoSuccess; },
-      &pd->host, &dev));
+  if (o.captured)
+    FUSCO_CHECK(c.deviceQueue()->graphParams(pd->layout.bytes, &pd->host, &dev));
+  else
+    FUSCO_CHECK(c.deviceQueue()->reserve(
+        pd->layout.bytes, pd->index, c.timeoutMs(),
+        [&c] { return c.brokenResult() != fuscoSuccess; }, &pd->host, &dev));
   PairFlags f;
-  FUSCO_CHECK(f.init(c, involved));
+  FUSCO_CHECK(f.init(c, involved, o.captured));
   FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, dev));
   const fuscoResult_t status = o.argStatus;
   const std::string error = o.argError;

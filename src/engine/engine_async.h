@@ -14,6 +14,14 @@
 //
 // Every involved pair posts and waits for both flags in every operation, whatever its byte
 // counts, so the pair's counters stay equal on both sides even when one side's call was invalid.
+//
+// CUDA graphs: a call made while its stream is captured is enqueued the same way and resolved
+// once, while the peers capture theirs; its parameters and staging are its own, kept until the
+// comm goes, so every replay moves the same rows of the same buffers (new contents, same bytes as
+// an eager call). Replays repeat fixed values, so a captured operation's ready/done flags are the
+// binary semaphores of DeviceFlags kinds 2 and 3 (post 1; the waiter resets its word to 0), and GO,
+// which only grows, stays passed after the first resolution. A dead peer during a replay is seen
+// by the idle progress thread's periodic check, which releases the graph waits.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +56,8 @@ class DeviceQueue {
   volatile uint32_t* goHost() const { return word(0); }
   void* goDev() const { return static_cast<char*>(pageDev_) + 0; }
   void* consumedDev() const { return static_cast<char*>(pageDev_) + 64; }
+  // Parameters of a captured operation: its own, zeroed, kept until the queue goes.
+  fuscoResult_t graphParams(size_t bytes, char** host, char** dev);
   // The progress thread lets operation `index` run.
   void go(uint64_t index);
 
@@ -64,6 +74,7 @@ class DeviceQueue {
   void* ringDev_ = nullptr;
   RingSpans spans_;
   uint64_t index_ = 0;
+  std::vector<void*> graphParams_;
 };
 
 // Enqueues op on op.stream and hands it to the progress thread (op is moved from). Returns

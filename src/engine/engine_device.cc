@@ -61,7 +61,9 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
     }
   }
   if (staged == 0) return fuscoSuccess;
-  FUSCO_CHECK(c.scratch(kDeviceStagingScratch, staged, &offers->staging));
+  // A captured operation stages in memory of its own: every replay of its graph uses it.
+  FUSCO_CHECK(op.captured ? c.graphBuffer(staged, &offers->staging)
+                          : c.scratch(kDeviceStagingScratch, staged, &offers->staging));
   for (int p = 0; p < n; ++p) {
     for (size_t m = 0; m < offers->stagedAt[p].size(); ++m) {
       const int64_t at = offers->stagedAt[p][m];

@@ -76,6 +76,14 @@ void Progress::add(int peer, volatile uint32_t* flag, uint32_t expected, const c
   cv_.notify_all();
 }
 
+void Progress::setIdleCheck(std::function<void()> check) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    idleCheck_ = std::move(check);
+  }
+  cv_.notify_all();
+}
+
 bool Progress::released() const {
   std::lock_guard<std::mutex> g(mu_);
   return released_;
@@ -151,7 +159,15 @@ void Progress::run() {
     }
     if (stop_) break;
     if (waits_.empty()) {
-      cv_.wait(lk, [&] { return stop_ || !waits_.empty() || !jobs_.empty(); });
+      auto woken = [&] { return stop_ || !waits_.empty() || !jobs_.empty(); };
+      if (!idleCheck_) {
+        cv_.wait(lk, woken);
+      } else if (!cv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_), woken)) {
+        std::function<void()> check = idleCheck_;
+        lk.unlock();
+        check();
+        lk.lock();
+      }
       continue;
     }
     watchStep(lk, &lastLive);

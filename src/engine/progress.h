@@ -52,6 +52,9 @@ class Progress {
   void release(fuscoResult_t r, const std::string& why);
   // Every wait added since the comm broke is released at once.
   bool released() const;
+  // From now on the idle thread wakes every liveness period and runs `check` (a comm with
+  // captured operations looks at its peers; progress.h's waits do not cover graph replays).
+  void setIdleCheck(std::function<void()> check);
 
  private:
   struct Wait {
@@ -69,6 +72,7 @@ class Progress {
   std::function<fuscoResult_t(int)> checkPeer_;
   std::function<void(fuscoResult_t, const std::string&)> fail_;
   std::function<void()> onStart_;
+  std::function<void()> idleCheck_;
   mutable std::mutex mu_;
   std::condition_variable cv_, doneCv_;
   std::deque<std::function<void()>> jobs_;

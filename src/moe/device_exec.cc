@@ -57,7 +57,8 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   for (int p = 0; p < n && mappable && extent > 0 && a.status == fuscoSuccess; ++p)
     mappable = p == me || c.regionToken(p, expertOut, extent, &token);
   if (a.status == fuscoSuccess && !mappable) {
-    char* copy = joinScratch(c, kExpertCopyScratch, extent, &a);
+    char* copy = nullptr;
+    joinFailure(c.scratchOn(kExpertCopyScratch, extent, stream, &copy), &a);
     if (copy != nullptr)
       joinFailure(deviceCopy({flatCopyTask(expertOut, copy, extent)}, stream), &a);
     offered = copy;

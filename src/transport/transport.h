@@ -94,15 +94,19 @@ struct TransportContext {
       netDevices;  // inter-node devices (rails), comma separated; "": the transport's choice
 };
 
-// Completion flags of the CUDA path (one pair per peer): stream-ordered 32-bit counters in host
-// memory that the GPU can read and write. kind 0 (ready): the receiver tells the sender that its
-// buffers may be written for the next operation; kind 1 (done): the sender tells the receiver that
-// the operation's data is in place. `wait` is this rank's counter for the peer (the host reads it
-// through hostWait; streams wait on devWait); `post` is the peer's counter for this rank.
+// Completion flags of the CUDA path (one set per peer): 32-bit words in host memory that the GPU
+// can read and write. Kinds 0 (ready) and 1 (done) are counters for calls enqueued eagerly: kind
+// 0, the receiver tells the sender that its buffers may be written for the next operation; kind 1,
+// the sender tells the receiver that the operation's data is in place. Kinds 2 and 3 mean the same
+// for operations captured into CUDA graphs, as binary semaphores (post writes 1, the waiter resets
+// its word to 0), since a graph replays fixed values. `wait` is this rank's word for the peer (the
+// host reads it through hostWait; streams wait on devWait); `post` is the peer's word for this
+// rank.
+constexpr int kDeviceFlagKinds = 4;
 struct DeviceFlags {
-  volatile uint32_t* hostWait[2] = {nullptr, nullptr};
-  void* devWait[2] = {nullptr, nullptr};
-  void* devPost[2] = {nullptr, nullptr};
+  volatile uint32_t* hostWait[kDeviceFlagKinds] = {};
+  void* devWait[kDeviceFlagKinds] = {};
+  void* devPost[kDeviceFlagKinds] = {};
 };
 
 struct TransportComm;  // a transport's per-communicator state, opaque to the engine

@@ -97,8 +97,7 @@ TEST(Progress, ReleasesWaitsAfterTheTimeoutAndNamesThePeer) {
 TEST(Progress, ReleasesWaitsWhenThePeerDies) {
   Broken b;
   auto p = makeProgress(&b, 60000, [](int peer) {
-    return peer == 3 ? FUSCO_FAIL(fuscoRemoteError, fusco::kEngine, "rank 3 exited")
-                     : fuscoSuccess;
+    return peer == 3 ? FUSCO_FAIL(fuscoRemoteError, fusco::kEngine, "rank 3 exited") : fuscoSuccess;
   });
   volatile uint32_t a = 0, c = 0;
   p->add(1, &a, 1, "its buffers to be free");

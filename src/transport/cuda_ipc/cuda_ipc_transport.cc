@@ -97,7 +97,7 @@ struct IpcComm {
 IpcComm* asIpc(TransportComm* tc) { return reinterpret_cast<IpcComm*>(tc); }
 
 size_t flagsBytesFor(int nranks) {
-  return (2 * static_cast<size_t>(nranks) * kFlagStride + kPage - 1) / kPage * kPage;
+  return (kDeviceFlagKinds * static_cast<size_t>(nranks) * kFlagStride + kPage - 1) / kPage * kPage;
 }
 size_t pageBytesFor(int nranks) {
   size_t dir = (kMaxRegions * sizeof(DirEntry) + kPage - 1) / kPage * kPage;
@@ -417,7 +417,7 @@ fuscoResult_t ipcDeviceFlags(TransportComm* tc, int peer, DeviceFlags* out) {
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected)
     return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc: rank %d is not connected", peer);
   const Page& peerPage = c->peers[peer].page;
-  for (int kind = 0; kind < 2; ++kind) {
+  for (int kind = 0; kind < kDeviceFlagKinds; ++kind) {
     size_t mine = (static_cast<size_t>(kind) * c->nranks + peer) * kFlagStride;
     size_t theirs = (static_cast<size_t>(kind) * c->nranks + c->rank) * kFlagStride;
     out->hostWait[kind] = reinterpret_cast<volatile uint32_t*>(c->own.flags() + mine);
