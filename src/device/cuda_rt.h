@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fusco.h"
 
@@ -26,6 +27,13 @@ bool cudaIsDevicePointer(const void* p);
 // write `value` after all prior work of the stream; wait until (int32)(*flag - value) >= 0.
 fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value);
 fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value);
+// Several of them in one driver call, in order (a wait as above, or a write).
+struct StreamFlagOp {
+  void* devAddr;
+  uint32_t value;
+  bool wait;
+};
+fuscoResult_t cudaStreamFlags(void* stream, const std::vector<StreamFlagOp>& ops);
 
 // The CUDA allocation holding p: its base and size (fuscoInvalidArgument if p is not in one).
 fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes);

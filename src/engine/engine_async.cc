@@ -143,30 +143,34 @@ struct PairFlags {
     }
     return fuscoSuccess;
   }
-  // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq)...
+  // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq), in one
+  // driver call...
   fuscoResult_t post(void* s, int kind, bool asSender) const {
+    std::vector<StreamFlagOp> ops;
     for (size_t p = 0; p < involved.size(); ++p) {
       if (!involved[p]) continue;
       const uint32_t v = graph ? 1 : asSender ? sendSeq[p] : recvSeq[p];
-      FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devPost[kind + (graph ? 2 : 0)], v));
+      ops.push_back({flags[p].devPost[kind + (graph ? 2 : 0)], v, false});
     }
-    return fuscoSuccess;
+    return ops.empty() ? fuscoSuccess : cudaStreamFlags(s, ops);
   }
   // ... and waits for each peer's flag `kind`, each wait watched by the progress thread (a graph's
-  // waits: reset for the next replay, released by the idle check when the comm breaks).
+  // waits: then reset for the next replay, released by the idle check when the comm breaks).
   fuscoResult_t await(Communicator& c, void* s, int kind, bool asSender, const char* what) const {
+    std::vector<StreamFlagOp> waits, resets;
     for (size_t p = 0; p < involved.size(); ++p) {
       if (!involved[p]) continue;
       if (graph) {
-        FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind + 2], 1));
-        FUSCO_CHECK(cudaStreamWriteFlag(s, flags[p].devWait[kind + 2], 0));
+        waits.push_back({flags[p].devWait[kind + 2], 1, true});
+        resets.push_back({flags[p].devWait[kind + 2], 0, false});
         continue;
       }
       const uint32_t seq = asSender ? sendSeq[p] : recvSeq[p];
-      FUSCO_CHECK(cudaStreamWaitFlag(s, flags[p].devWait[kind], seq));
+      waits.push_back({flags[p].devWait[kind], seq, true});
       c.progress()->add(static_cast<int>(p), flags[p].hostWait[kind], seq, what);
     }
-    return fuscoSuccess;
+    if (!waits.empty()) FUSCO_CHECK(cudaStreamFlags(s, waits));
+    return resets.empty() ? fuscoSuccess : cudaStreamFlags(s, resets);
   }
 };
 
