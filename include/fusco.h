@@ -124,7 +124,10 @@ fuscoResult_t fuscoCommCount(const fuscoComm_t comm, int* count);
 fuscoResult_t fuscoCommUserRank(const fuscoComm_t comm, int* rank);
 fuscoResult_t fuscoCommNodeInfo(const fuscoComm_t comm, int* node, int* numNodes, int* localRank,
                                 int* localSize);
-/* [out] asyncError: fuscoSuccess, or the error that broke the communicator. */
+/* [out] asyncError: fuscoSuccess, or the error that broke the communicator. On fuscoMemCuda comms
+ * also, once, fuscoInvalidArgument for an enqueued call whose arguments disagreed between ranks
+ * (nothing of the disagreeing pairs moved, the comm stays usable); fuscoGetLastError(comm) then
+ * names both ranks. */
 fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError);
 
 /* Memory that peers on the same node can write directly (one-copy path). */
