@@ -245,7 +245,8 @@ void resolve(Communicator& c, Pending& pd) {
       const std::string why = threadLastError();
       if (validation) {
         if (pd.op.call != 0) c.setAsyncFailedCall(pd.op.call);
-        c.setAsyncError(fuscoInvalidArgument, why);
+        // A rank whose own check failed was told by its call already.
+        if (pd.op.argStatus == fuscoSuccess) c.setAsyncError(fuscoInvalidArgument, why);
       } else {
         c.markBroken(r, why);
         c.progress()->release(r, why);

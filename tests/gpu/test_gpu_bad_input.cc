@@ -1,7 +1,8 @@
 // Bad input on CUDA comms (docs/TESTING.md, docs/API.md's collective error rule): a host pointer
 // (malloc) where a CUDA comm needs device memory gives fuscoInvalidArgument on the rank that passed
-// it and an error naming that rank on every other rank, promptly; the comm stays usable afterwards
-// (a correct call is bit-exact).
+// it, at once, and on every other rank an error naming that rank (fuscoCommGetAsyncError once its
+// stream finished, since calls on CUDA comms only enqueue); the comm stays usable afterwards (a
+// correct call is bit-exact).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -39,23 +40,39 @@ Timed timed(F&& f) {
   return Timed{r, nowSec() - t0};
 }
 
-// One rank passed a host pointer: it gets fuscoInvalidArgument, every other rank an error that
-// names it; everyone promptly. Then waits for `stream` (what the failed call left on it).
+// One rank passed a host pointer: its call returns fuscoInvalidArgument at once. Every other
+// rank's call only enqueues (fuscoSuccess, promptly); once its stream finished,
+// fuscoCommGetAsyncError reports fuscoInvalidArgument and the message names the bad rank.
+// fuscoMoePlan, which synchronizes, still fails on every rank (fuscoInvalidUsage or
+// fuscoRemoteError naming the bad rank).
 void expectOneRankBad(fuscoComm_t comm, int myRank, int badRank, const Timed& t,
                       cudaStream_t stream, const std::string& what) {
   const std::string msg = fuscoGetLastError(comm);
-  EXPECT_LT(t.sec, kPromptSec) << what << ": the error took " << t.sec << " s";
+  EXPECT_LT(t.sec, kPromptSec) << what << ": the call took " << t.sec << " s";
   if (myRank == badRank) {
     EXPECT_EQ(t.r, fuscoInvalidArgument) << what << ": " << fuscoGetErrorString(t.r) << ": " << msg;
     EXPECT_FALSE(msg.empty()) << what << ": no message";
-  } else {
+    CUDA_EXPECT_OK(cudaStreamSynchronize(stream));
+    return;
+  }
+  if (t.r != fuscoSuccess) {  // a synchronizing call (fuscoMoePlan)
     EXPECT_TRUE(isPeerError(t.r)) << what << ": a peer of the bad rank got "
                                   << fuscoGetErrorString(t.r) << " (" << msg
                                   << "); expected fuscoInvalidUsage or fuscoRemoteError";
     EXPECT_TRUE(namesRank(msg, badRank))
         << what << ": message '" << msg << "' should name rank " << badRank;
+    CUDA_EXPECT_OK(cudaStreamSynchronize(stream));
+    return;
   }
   CUDA_EXPECT_OK(cudaStreamSynchronize(stream));
+  fuscoResult_t async = fuscoSuccess;
+  EXPECT_EQ(fuscoCommGetAsyncError(comm, &async), fuscoSuccess);
+  EXPECT_EQ(async, fuscoInvalidArgument) << what << ": the peers' async error";
+  const std::string asyncMsg = fuscoGetLastError(comm);
+  EXPECT_TRUE(namesRank(asyncMsg, badRank))
+      << what << ": async message '" << asyncMsg << "' should name rank " << badRank;
+  EXPECT_EQ(fuscoCommGetAsyncError(comm, &async), fuscoSuccess);
+  EXPECT_EQ(async, fuscoSuccess) << what << ": an argument error is reported once";
 }
 
 // A correct uneven all-to-allv on device buffers is bit-exact on this comm.

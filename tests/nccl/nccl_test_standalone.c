@@ -84,10 +84,18 @@ static void badArgsBody(ncclComm_t comm, int rank, int n) {
   void* r = bufAlloc(64 * n);
   ncclDataType_t t = rank == 0 ? (ncclDataType_t)ncclNumTypes : ncclInt32;
   ncclResult_t res = ncclAlltoAll(s, r, 4, t, comm, gStream);
-  if (rank == 0)
+  if (rank == 0) {
     CHECK(res == ncclInvalidArgument, "bad datatype -> %d", res);
-  else
+  } else if (gDevice) {
+    /* Calls on a CUDA comm only enqueue: the peer's failure arrives asynchronously. */
+    ncclResult_t async = ncclSuccess;
+    CHECK(res == ncclSuccess, "an enqueueing call -> %d", res);
+    syncStream();
+    NCCLOK(ncclCommGetAsyncError(comm, &async));
+    CHECK(async != ncclSuccess, "a peer's bad datatype must be reported here too");
+  } else {
     CHECK(res != ncclSuccess, "a peer's bad datatype must fail here too");
+  }
   CHECK(strlen(ncclGetLastError(comm)) > 0, "a message");
   CHECK(ncclAlltoAll(s, r, 4, ncclInt32, NULL, gStream) == ncclInvalidArgument, "NULL comm");
   /* A send to a peer outside the communicator inside an all-to-all group. */
@@ -98,7 +106,15 @@ static void badArgsBody(ncclComm_t comm, int rank, int n) {
     CHECK(sr == ((rank == 0 && p == 1) ? ncclInvalidArgument : ncclSuccess), "send -> %d", sr);
     NCCLOK(ncclRecv((char*)r + 4 * p, 1, ncclInt32, p, comm, gStream));
   }
-  CHECK(ncclGroupEnd() != ncclSuccess, "the group with a bad peer must fail on every rank");
+  if (gDevice && rank != 0) {
+    ncclResult_t async = ncclSuccess;
+    CHECK(ncclGroupEnd() == ncclSuccess, "an enqueueing group");
+    syncStream();
+    NCCLOK(ncclCommGetAsyncError(comm, &async));
+    CHECK(async != ncclSuccess, "the group with a bad peer must be reported on every rank");
+  } else {
+    CHECK(ncclGroupEnd() != ncclSuccess, "the group with a bad peer must fail on every rank");
+  }
   CHECK(ncclGroupEnd() == ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   bufFree(s);
   bufFree(r);
