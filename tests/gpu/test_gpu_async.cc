@@ -3,7 +3,7 @@
 // headers with the peers' progress threads later and lets the stream go on. So a call returns at
 // once even when a peer has not reached it yet, a disagreement between ranks is found after the
 // call returned (fuscoCommGetAsyncError reports it once; no byte moves; the comm stays usable),
-// calls on a capturing stream are refused for now, and the progress thread sleeps when idle.
+// and the progress thread sleeps when idle. Graph capture: test_gpu_graph.cc.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -287,55 +287,6 @@ TEST(GpuAsync, MoeDispatchRowBytesDifferingOnOneRankFailsEveryRankAndCommStaysUs
         << "the next dispatch, with the same rowBytes on every rank";
     expectNoAsyncError(comm, "after the correct dispatch");
     FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
-  });
-}
-
-// One fuscoAllToAll on a stream capturing in thread-local mode (its result and message in *r and
-// *msg); succeeds when the capture then ends cleanly with an empty graph (fusco captured nothing).
-::testing::AssertionResult allToAllWhileCapturing(fuscoComm_t comm, const A2avLayout& l,
-                                                  const DevBuf& send, const DevBuf& recv,
-                                                  cudaStream_t s, fuscoResult_t* r,
-                                                  std::string* msg) {
-  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-  if (e != cudaSuccess)
-    return ::testing::AssertionFailure() << "cudaStreamBeginCapture: " << cudaGetErrorName(e);
-  *r = allToAll(comm, l, send, recv, s);
-  *msg = fuscoGetLastError(comm);
-  cudaGraph_t graph = nullptr;
-  e = cudaStreamEndCapture(s, &graph);
-  size_t nodes = 0;
-  if (graph != nullptr) {
-    CUDA_EXPECT_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
-    CUDA_EXPECT_OK(cudaGraphDestroy(graph));
-  }
-  if (e != cudaSuccess)
-    return ::testing::AssertionFailure()
-           << "cudaStreamEndCapture -> " << cudaGetErrorName(e) << ": " << cudaGetErrorString(e)
-           << " (the refused call invalidated the capture)";
-  if (nodes != 0)
-    return ::testing::AssertionFailure() << "the captured graph holds " << nodes << " nodes";
-  return ::testing::AssertionSuccess();
-}
-
-TEST(GpuAsync, AllToAllOnACapturingStreamIsRefusedAndCommStaysUsable) {
-  FUSCO_GPU_REQUIRE();
-  const uint64_t seed = fusco::test::testSeed();
-  runGpuRanksOnStream(kRanks, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
-    const cudaStream_t s = stream.get();
-    const A2avLayout l = uniformLayout(ctx.rank, 4099, seed);
-    {
-      DevBuf send = sendBufFor(comm, l, seed), recv = recvBufFor(comm, l);
-      fuscoResult_t r = fuscoSuccess;
-      std::string msg;
-      EXPECT_TRUE(allToAllWhileCapturing(comm, l, send, recv, s, &r, &msg));
-      EXPECT_EQ(r, fuscoInvalidUsage)
-          << "fuscoAllToAll on a capturing stream -> " << fuscoGetErrorString(r) << ": " << msg;
-      EXPECT_NE(msg.find("CUDA graph"), std::string::npos)
-          << "message '" << msg << "' should say that CUDA graph capture is not supported";
-    }
-    EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoInt32, seed + 1, Mem::Cuda, Mem::Cuda, true, s))
-        << "an eager fuscoAllToAll after the refused capture";
-    expectNoAsyncError(comm, "after the refused capture and an eager call");
   });
 }
 
