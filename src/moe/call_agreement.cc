@@ -62,6 +62,8 @@ std::vector<AgreeValue> planAgreement(const MoeHandle& h) {
   };
 }
 
+std::vector<AgreeValue> dispatchAgreement(size_t rowBytes) { return {{"rowBytes", rowBytes}}; }
+
 std::vector<AgreeValue> combineAgreement(fuscoDataType_t dt, size_t hidden) {
   return {{"datatype", static_cast<uint64_t>(dt), showDataType}, {"hidden", hidden}};
 }

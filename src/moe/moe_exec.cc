@@ -34,6 +34,7 @@ struct Traffic {
 fuscoResult_t moeDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX,
                           const ArgCheck& a, void* stream) {
   Communicator& c = *h.comm;
+  c.agreeInCall(dispatchAgreement(rowBytes));
   MoeWork work(c.nranks());
   if (c.memType() == fuscoMemCuda)
     FUSCO_CHECK(deviceDispatch(h, x, rowBytes, recvX, a, stream, &work.peers));

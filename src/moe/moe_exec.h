@@ -67,6 +67,8 @@ fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
 // exchange agrees on it with FUSCO_BALANCE_SLACK). Combine's datatype and hidden size.
 std::vector<AgreeValue> planAgreement(const MoeHandle& h);
 std::vector<AgreeValue> combineAgreement(fuscoDataType_t dt, size_t hidden);
+// Dispatch: the row size (a sender's rows land in the receiver's rows of the same size).
+std::vector<AgreeValue> dispatchAgreement(size_t rowBytes);
 
 // NODE dedup's fan-row exchange between the ranks of a node: the RANK fan rows, then those of
 // every forwarded segment, so sources and forwarders can write final rows directly.

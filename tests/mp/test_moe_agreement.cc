@@ -172,3 +172,33 @@ TEST(MoeCombineAgreement, DatatypeDifferingOnOneRankFailsEveryRankPromptlyAndCom
 TEST(MoeCombineAgreement, HiddenDifferingOnOneRankFailsEveryRankPromptlyAndCommStaysUsable) {
   expectCombineDisagreement(fuscoFloat32, 8, "hidden", "16", "8");
 }
+
+// Rank kOddRank dispatches rows of 16 bytes while every other rank passes 32: the dispatch fails
+// on every rank naming rowBytes and both values, nothing is written, and the handle dispatches
+// correctly afterwards.
+TEST(MoeDispatchAgreement, RowBytesDifferingOnOneRankFailsEveryRankPromptlyAndCommStaysUsable) {
+  runRanks(kRanks, [&](const RankCtx& ctx) {
+    fuscoConfig_t cfg = agreementConfig();
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    CombineSetup s = makeCombine(baseCase(), 29, fuscoFloat32, 8);  // rows of 32 bytes
+    fuscoMoeConfig_t m = moeConfig(s.c, FUSCO_DEDUP_AUTO);
+    fuscoMoeHandle_t h = nullptr;
+    FUSCO_ASSERT_OK(comm, fuscoMoePlan(&h, comm, &m, s.p.topkIdx[ctx.rank].data(),
+                                       s.p.numTokens[ctx.rank], s.c.topk, nullptr));
+    const size_t recvRows = s.d.numRecvRows[ctx.rank];
+    std::vector<uint8_t> recv(recvRows * 32 + 64, 0xA5);
+    const bool isOdd = ctx.rank == kOddRank;
+    const double t0 = nowSec();
+    fuscoResult_t r =
+        fuscoMoeDispatch(h, s.x[ctx.rank].data(), isOdd ? 16 : 32, recv.data(), nullptr);
+    expectDisagreement(comm, ctx, r, nowSec() - t0, "rowBytes", isOdd ? "16" : "32",
+                       isOdd ? "32" : "16");
+    size_t written = 0;
+    for (uint8_t b : recv) written += b != 0xA5;
+    EXPECT_EQ(written, 0u) << "a failed dispatch wrote bytes";
+    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, s.x[ctx.rank].data(), 32, recv.data(), nullptr));
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    expectUsable(comm, ctx, "rowBytes differing in dispatch");
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
