@@ -46,7 +46,16 @@ void buildWeightIndex(MoeHandle& h) {
 // Returns the host copy to plan from (h.topkIdx), or topkIdx itself on a host comm.
 const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream, ArgCheck* a) {
   Communicator& c = *h.comm;
-  if (c.memType() != fuscoMemCuda || !a->ok() || h.numTokens == 0) return topkIdx;
+  if (c.memType() != fuscoMemCuda || !a->ok()) return topkIdx;
+  bool capturing = false;
+  joinFailure(cudaStreamCapturing(stream, &capturing), a);
+  if (capturing) {
+    a->fail(
+        "fuscoMoePlan: cannot be captured into a CUDA graph: it copies topkIdx to the host and "
+        "synchronizes the stream; plan before the capture and capture dispatch and combine");
+    a->status = fuscoInvalidUsage;
+  }
+  if (!a->ok() || h.numTokens == 0) return topkIdx;
   if (h.topk <= 0) {
     a->fail("fuscoMoePlan: topk %d must be > 0", h.topk);
     return topkIdx;
@@ -54,13 +63,6 @@ const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream,
   joinFailure(c.useDevice(), a);
   if (!a->ok()) return topkIdx;
   h.topkIdx.resize(h.numTokens * static_cast<size_t>(h.topk));
-  bool capturing = false;
-  joinFailure(cudaStreamCapturing(stream, &capturing), a);
-  if (capturing)
-    a->fail(
-        "fuscoMoePlan: cannot be captured into a CUDA graph: it copies topkIdx to the host and "
-        "synchronizes the stream; plan before the capture and capture dispatch and combine");
-  if (!a->ok()) return topkIdx;
   if (cudaCopyToHostSync(h.topkIdx.data(), topkIdx, h.topkIdx.size() * sizeof(int64_t), stream) !=
       fuscoSuccess)
     a->fail("fuscoMoePlan: reading topkIdx: %s", threadLastError().c_str());
