@@ -44,6 +44,14 @@ class RingSpans {
     return true;
   }
 
+  // The oldest live span's offset (false when none), and freeing it.
+  bool front(size_t* offset) const {
+    if (live_.empty()) return false;
+    *offset = live_.front().offset;
+    return true;
+  }
+  void popFront() { retire(live_.front().op); }
+
   // Frees the spans of every operation numbered <= op (oldest first).
   void retire(uint64_t op) {
     while (!live_.empty() && live_.front().op <= op) live_.pop_front();

@@ -166,6 +166,14 @@ fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void*
   return fuscoSuccess;
 }
 
+fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return fuscoSuccess;
+  FUSCO_CUDACHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+      kEngine);
+  return fuscoSuccess;
+}
+
 fuscoResult_t cudaCopyDeviceAsync(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return fuscoSuccess;
   FUSCO_CUDACHECK(
@@ -264,6 +272,7 @@ fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
   if (event_) FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
   if (capturing) {
     // A graph cannot wait on work recorded outside it: the upload must be complete already.
+    CudaRelaxedCapture relaxed;  // a query is not a legal call on a capturing thread otherwise
     cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event_));
     if (q == cudaSuccess) return fuscoSuccess;
     cudaGetLastError();
@@ -296,6 +305,7 @@ fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaStreamFlags(void*, const std::vector<StreamFlagOp>&) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaCopyDeviceAsync(void*, const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t cudaCopyAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }

@@ -42,6 +42,9 @@ fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr);
 fuscoResult_t cudaFreeDevice(void* ptr);
 // Copies bytes from device memory to host memory on `stream` and waits for it.
 fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream);
+// Copies bytes between any two buffers the device reaches (pinned host or device memory), on
+// `stream` (stream-ordered, no host wait).
+fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);
 // Copies bytes between two device buffers on `stream` (stream-ordered, no host wait).
 fuscoResult_t cudaCopyDeviceAsync(void* dst, const void* src, size_t bytes, void* stream);
 // Pinned host memory the device reads and writes directly (mapped): *host for this process,

@@ -273,11 +273,12 @@ template <int kDt, int V>
 __global__ void __launch_bounds__(kSumThreads)
     finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden, uint32_t gateWant) {
   __shared__ Term staged[kTermsShared];
-  // Bases filled after the launch (basesAlignedAt): only the variant their alignment allows runs.
-  // gateWant 1: run when they are aligned; 2: when they are not; 0: always.
-  if (f.basesAlignedAt != nullptr && gateWant != 0 &&
-      (__ldcv(f.basesAlignedAt) != 0) != (gateWant == 1))
-    return;
+  // Bases filled after the launch (basesAlignedAt): 0, never resolved (nothing runs); 1, every
+  // base 16-byte aligned; 2, not. gateWant: the word this variant needs (0: 1 or 2).
+  if (f.basesAlignedAt != nullptr) {
+    const uint32_t w = __ldcv(f.basesAlignedAt);
+    if (w == 0 || (gateWant != 0 && w != gateWant)) return;
+  }
   const uint64_t rowBytes = hidden * Elem<kDt>::kSize;
   const uint64_t nvec = hidden / V;
   for (uint64_t t = blockIdx.x; t < f.ntokens; t += gridDim.x) {

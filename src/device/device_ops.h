@@ -75,8 +75,9 @@ struct DevFinalSum {
   const float* weights = nullptr;
   char* out = nullptr;
   uint64_t ntokens = 0;
-  // Bases the progress thread fills after the launch (engine_async.h): a device-visible word that
-  // is nonzero when every base is 16-byte aligned, read by the kernels instead of basesAligned.
+  // Bases the progress thread fills after the launch (engine_async.h): a device-visible word read
+  // by the kernels instead of basesAligned: 1 when every base is 16-byte aligned, 2 when not, 0
+  // when the operation never resolved (the kernels read nothing).
   const uint32_t* basesAlignedAt = nullptr;
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);

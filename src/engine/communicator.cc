@@ -327,6 +327,7 @@ void Communicator::checkGraphPeers() {
       std::string why = "rank " + std::to_string(p) + " failed: " + threadLastError();
       FUSCO_WARN(kEngine, "%s", why.c_str());
       markBroken(fuscoRemoteError, why);
+      progress_->releaseWaits();
       break;
     }
   }
@@ -383,7 +384,6 @@ fuscoResult_t Communicator::useDevice() const {
 // A transport exports whole CUDA allocations (what IPC shares), so it is given the allocation that
 // holds [ptr, ptr + bytes).
 fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
   if (device_ < 0) return fuscoSuccess;
   FUSCO_CHECK(useDevice());
   void* base = nullptr;
@@ -400,7 +400,6 @@ fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
 }
 
 fuscoResult_t Communicator::memDeregister(void* ptr) {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
   if (device_ < 0) return fuscoSuccess;
   FUSCO_CHECK(useDevice());
   void* base = nullptr;
@@ -424,6 +423,7 @@ Communicator::~Communicator() {
     // Operations still queued run first (each bounded by the timeout); streams may still wait for
     // peers: let them finish (or release them), then let the GPU drain before the memory they use
     // goes away.
+    if (abortRequested()) progress_->releaseWaits();
     progress_->runSync([] { return fuscoSuccess; });
     progress_->drain();
     cudaDeviceSyncQuiet();
@@ -479,18 +479,22 @@ fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
 }
 
 fuscoResult_t Communicator::memFree(void* ptr) {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
-  auto dit = deviceAllocs_.find(ptr);
-  if (dit != deviceAllocs_.end()) {
-    deviceAllocs_.erase(dit);
-    return cudaFreeDevice(ptr);
+  {
+    std::lock_guard<std::recursive_mutex> g(memMu_);
+    auto dit = deviceAllocs_.find(ptr);
+    if (dit != deviceAllocs_.end()) {
+      deviceAllocs_.erase(dit);
+      return cudaFreeDevice(ptr);  // a one-rank comm: no peer, no progress thread waits on it
+    }
+    auto it = plainAllocs_.find(ptr);
+    if (it != plainAllocs_.end()) {
+      free(ptr);
+      plainAllocs_.erase(it);
+      return fuscoSuccess;
+    }
   }
-  auto it = plainAllocs_.find(ptr);
-  if (it != plainAllocs_.end()) {
-    free(ptr);
-    plainAllocs_.erase(it);
-    return fuscoSuccess;
-  }
+  // Not under memMu_: freeing device memory waits for the device, whose streams may wait for the
+  // progress thread, which takes memMu_ (the transports lock their own state).
   for (auto& t : transports_)
     if (t.first->memFree) return t.first->memFree(t.second, ptr);
   return FUSCO_FAIL(fuscoInvalidArgument, kApi,
@@ -498,7 +502,6 @@ fuscoResult_t Communicator::memFree(void* ptr) {
 }
 
 bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
   const PeerConn& c = conns_[peer];
   if (c.ops == nullptr || c.ops->regionToken == nullptr) return false;
   return c.ops->regionToken(c.tc, ptr, bytes, token);
@@ -509,10 +512,13 @@ void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
   fuscoResult_t expected = fuscoSuccess;
   if (broken_.compare_exchange_strong(expected, r)) brokenMsg_ = msg;
   for (auto& t : transports_) t.first->markAborted(t.second, brokenMsg_.c_str());
+  // No stream of a broken comm may keep waiting (the progress thread releases its own waits).
+  if (progress_ && !progress_->onThread()) progress_->releaseWaits();
 }
 
 void Communicator::beginCall(bool collective) {
   if (collective) ++callSeq_;
+  ++callSerial_;
   callOpen_ = true;
   callAgreedFailure_ = false;
   callOps_ = 0;

@@ -138,6 +138,8 @@ class Communicator {
   // so they fail at once instead of pairing their next operation with this rank's next call.
   void endCall(fuscoResult_t r, const std::string& why);
   uint64_t callSeq() const { return callSeq_; }
+  // Every call of this rank, point-to-point groups included (local: ranks need not agree on it).
+  uint64_t callSerial() const { return callSerial_; }
   // The values of the open call that every rank must agree on (carried by its first operation).
   void agreeInCall(std::vector<AgreeValue> values) { callAgree_ = std::move(values); }
   const std::vector<AgreeValue>& callAgreement() const { return callAgree_; }
@@ -173,8 +175,8 @@ class Communicator {
   // else the last such failure (then forgotten), else fuscoSuccess; *why: its message.
   void setAsyncError(fuscoResult_t r, const std::string& why);
   fuscoResult_t takeAsyncError(std::string* why);
-  // Progress thread only: the call an operation of which failed validation (its later operations
-  // are skipped alike on every rank).
+  // Progress thread only: the call (callSerial) an operation of which failed validation (its later
+  // operations are skipped alike on every rank).
   uint64_t asyncFailedCall() const { return asyncFailedCall_; }
   void setAsyncFailedCall(uint64_t call) { asyncFailedCall_ = call; }
 
@@ -197,6 +199,7 @@ class Communicator {
   std::vector<std::pair<const TransportOps*, TransportComm*>> transports_;
   std::vector<uint64_t> pairSeq_;
   uint64_t callSeq_ = 0;
+  uint64_t callSerial_ = 0;
   bool callOpen_ = false, callAgreedFailure_ = false;
   size_t callOps_ = 0;
   std::vector<AgreeValue> callAgree_;
@@ -219,7 +222,7 @@ class Communicator {
   std::mutex asyncMu_;
   fuscoResult_t asyncError_ = fuscoSuccess;
   std::string asyncWhy_;
-  uint64_t asyncFailedCall_ = 0;
+  uint64_t asyncFailedCall_ = UINT64_MAX;
   // Memory registrations, scratch and region tokens: the caller and the progress thread use them.
   mutable std::recursive_mutex memMu_;
 };

@@ -250,6 +250,7 @@ fuscoResult_t OpRunner::resolve(DeviceTasks* out) {
 // The call's state the operation carries (Op::call): taken on the caller's thread.
 void snapshotCall(Communicator& comm, Op& op) {
   op.call = comm.callSeq();
+  op.callSerial = comm.callSerial();
   op.firstInCall = comm.opsInCall() == 0;
   if (op.firstInCall) op.agree = comm.callAgreement();
   op.corruptHeaders = faultCorruptHeaders();

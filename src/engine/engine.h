@@ -66,6 +66,7 @@ struct Op {
   // operation (which carries the call's agreement values), those values, and an injected
   // corrupt-header fault (FUSCO_FAULT).
   uint64_t call = 0;
+  uint64_t callSerial = 0;  // every call of the comm, collective or not (Communicator::callSerial)
   bool firstInCall = false;
   std::vector<AgreeValue> agree;
   bool corruptHeaders = false;

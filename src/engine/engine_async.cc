@@ -22,6 +22,8 @@ FUSCO_PARAM_INT(CudaParamBytes, "FUSCO_CUDA_PARAM_BYTES", 4 << 20, 64 << 10, INT
 
 DeviceQueue::~DeviceQueue() {
   for (void* p : graphParams_) cudaFreeMapped(p);
+  for (void* p : graphMirrors_) cudaFreeDevice(p);
+  if (ringMirror_ != nullptr) cudaFreeDevice(ringMirror_);
   cudaFreeMapped(ringHost_);
   cudaFreeMapped(pageHost_);
 }
@@ -30,27 +32,27 @@ fuscoResult_t DeviceQueue::init(size_t ringBytes) {
   FUSCO_CHECK(cudaAllocMapped(4096, &pageHost_, &pageDev_));
   std::memset(pageHost_, 0, 4096);
   FUSCO_CHECK(cudaAllocMapped(ringBytes, &ringHost_, &ringDev_));
+  FUSCO_CHECK(cudaAllocDevice(ringBytes, &ringMirror_));
   spans_ = RingSpans(ringBytes);
   return fuscoSuccess;
 }
 
-// The streams write the low 32 bits of the last operation they finished: every operation up to
-// the newest number with those bits is consumed.
+// Frees the oldest blocks whose operations are done (their header word set by the stream).
 void DeviceQueue::retireConsumed() {
-  const uint32_t low = *word(64);
-  const uint64_t done = index_ - static_cast<uint32_t>(static_cast<uint32_t>(index_) - low);
-  spans_.retire(done);
+  size_t at = 0;
+  while (spans_.front(&at) &&
+         *reinterpret_cast<volatile uint32_t*>(static_cast<char*>(ringHost_) + at) != 0)
+    spans_.popFront();
 }
 
 fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeoutMs,
-                                   const std::function<bool()>& stop, char** host, char** dev) {
+                                   const std::function<bool()>& stop, ParamBlock* out) {
   std::unique_lock<std::mutex> lk(mu_);
   if (bytes > spans_.capacity())
-    return FUSCO_FAIL(
-        fuscoInvalidUsage, kEngine,
-        "an operation needs %zu bytes of parameters, more than FUSCO_CUDA_PARAM_BYTES "
-        "(%zu)",
-        bytes, spans_.capacity());
+    return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                      "an operation needs %zu bytes of parameters, more than "
+                      "FUSCO_CUDA_PARAM_BYTES (%zu)",
+                      bytes, spans_.capacity());
   const int64_t start = nowNs();
   size_t at = 0;
   for (;;) {
@@ -60,29 +62,33 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
       return FUSCO_FAIL(fuscoRemoteError, kEngine,
                         "the communicator failed while a call waited for parameter space");
     if (nowNs() - start >= timeoutMs * 1000000LL)
-      return FUSCO_FAIL(
-          fuscoTimeout, kEngine,
-          "no parameter space within the timeout (%lld ms): the streams did not finish "
-          "older operations (raise FUSCO_CUDA_PARAM_BYTES?)",
-          static_cast<long long>(timeoutMs));
+      return FUSCO_FAIL(fuscoTimeout, kEngine,
+                        "no parameter space within the timeout (%lld ms): the streams did not "
+                        "finish older operations (raise FUSCO_CUDA_PARAM_BYTES?)",
+                        static_cast<long long>(timeoutMs));
     lk.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lk.lock();
   }
-  *host = static_cast<char*>(ringHost_) + at;
-  *dev = static_cast<char*>(ringDev_) + at;
-  std::memset(*host, 0, bytes);
+  out->host = static_cast<char*>(ringHost_) + at;
+  out->mapped = static_cast<char*>(ringDev_) + at;
+  out->mirror = static_cast<char*>(ringMirror_) + at;
+  std::memset(out->host, 0, bytes);
   return fuscoSuccess;
 }
 
-fuscoResult_t DeviceQueue::graphParams(size_t bytes, char** host, char** dev) {
+fuscoResult_t DeviceQueue::graphParams(size_t bytes, ParamBlock* out) {
   std::lock_guard<std::mutex> g(mu_);
-  void *h = nullptr, *d = nullptr;
+  CudaRelaxedCapture relaxed;  // the caller's stream is capturing
+  void *h = nullptr, *d = nullptr, *m = nullptr;
   FUSCO_CHECK(cudaAllocMapped(bytes, &h, &d));
   graphParams_.push_back(h);
+  FUSCO_CHECK(cudaAllocDevice(bytes, &m));
+  graphMirrors_.push_back(m);
   std::memset(h, 0, bytes);
-  *host = static_cast<char*>(h);
-  *dev = static_cast<char*>(d);
+  out->host = static_cast<char*>(h);
+  out->mapped = static_cast<char*>(d);
+  out->mirror = static_cast<char*>(m);
   return fuscoSuccess;
 }
 
@@ -96,7 +102,7 @@ namespace {
 // Where one operation's parameters lie in its block.
 struct ParamLayout {
   size_t slotsA = 0, slotsB = 0;  // copy batches before and after "done"
-  size_t offB = 0, offBases = 0, offAligned = 0, bytes = 0;
+  size_t offA = kParamHeader, offB = 0, offBases = 0, offAligned = 0, bytes = 0;
 };
 
 ParamLayout layoutFor(const Op& op, int n, size_t tasksA, size_t tasksB) {
@@ -106,7 +112,7 @@ ParamLayout layoutFor(const Op& op, int n, size_t tasksA, size_t tasksB) {
     l.slotsA = deviceCopyBatchSlots(tasksA);
     l.slotsB = deviceCopyBatchSlots(tasksB);
   }
-  l.offB = l.slotsA * batch;
+  l.offB = l.offA + l.slotsA * batch;
   l.offBases = l.offB + l.slotsB * batch;
   l.offAligned = l.offBases + (op.pullRun ? n * sizeof(char*) : 0);
   l.bytes = l.offAligned + 16;
@@ -118,8 +124,9 @@ struct Pending {
   explicit Pending(Op&& o) : op(std::move(o)) {}
   Op op;
   uint64_t index = 0;
-  char* host = nullptr;
+  ParamBlock block;
   ParamLayout layout;
+  fuscoResult_t enqueueStatus = fuscoSuccess;  // what the caller was told
 };
 
 // The flags of every involved pair and this operation's counter for each, both directions.
@@ -128,11 +135,13 @@ struct PairFlags {
   std::vector<uint32_t> sendSeq, recvSeq;
   std::vector<bool> involved;
   bool graph = false;  // a captured operation (kinds 2 and 3, binary semaphores)
+  bool pull = false;   // a pull operation: "ready" is kind 1, its first handshake
 
-  fuscoResult_t init(Communicator& c, const std::vector<bool>& inv, bool captured) {
+  fuscoResult_t init(Communicator& c, const std::vector<bool>& inv, const Op& op) {
     const int n = c.nranks();
     involved = inv;
-    graph = captured;
+    graph = op.captured;
+    pull = static_cast<bool>(op.pullRun);
     flags.assign(n, {});
     sendSeq.assign(n, 0), recvSeq.assign(n, 0);
     for (int p = 0; p < n; ++p) {
@@ -143,6 +152,14 @@ struct PairFlags {
     }
     return fuscoSuccess;
   }
+  // The flag word of `kind`. A graph's semaphores go by handshake position (kind 2 for an
+  // operation's first handshake, 3 for its second), so that any sequence of push and pull
+  // operations alternates them and no post can be reset by the waiter of the previous one.
+  int word(int kind) const {
+    if (!graph) return kind;
+    const bool first = pull ? kind == 1 : kind == 0;
+    return first ? 2 : 3;
+  }
   // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq), in one
   // driver call...
   fuscoResult_t post(void* s, int kind, bool asSender) const {
@@ -150,7 +167,7 @@ struct PairFlags {
     for (size_t p = 0; p < involved.size(); ++p) {
       if (!involved[p]) continue;
       const uint32_t v = graph ? 1 : asSender ? sendSeq[p] : recvSeq[p];
-      ops.push_back({flags[p].devPost[kind + (graph ? 2 : 0)], v, false});
+      ops.push_back({flags[p].devPost[word(kind)], v, false});
     }
     return ops.empty() ? fuscoSuccess : cudaStreamFlags(s, ops);
   }
@@ -161,8 +178,8 @@ struct PairFlags {
     for (size_t p = 0; p < involved.size(); ++p) {
       if (!involved[p]) continue;
       if (graph) {
-        waits.push_back({flags[p].devWait[kind + 2], 1, true});
-        resets.push_back({flags[p].devWait[kind + 2], 0, false});
+        waits.push_back({flags[p].devWait[word(kind)], 1, true});
+        resets.push_back({flags[p].devWait[word(kind)], 0, false});
         continue;
       }
       const uint32_t seq = asSender ? sendSeq[p] : recvSeq[p];
@@ -176,11 +193,14 @@ struct PairFlags {
 
 // The stream's part of an operation (engine_async.h).
 fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_t index,
-                            const ParamLayout& l, char* dev) {
+                            const ParamLayout& l, const ParamBlock& b) {
   DeviceQueue& q = *c.deviceQueue();
   void* s = op.stream;
   FUSCO_CHECK(cudaStreamWaitFlag(s, q.goDev(), static_cast<uint32_t>(index)));
   c.progress()->add(-1, q.goHost(), static_cast<uint32_t>(index), "the call's peers to agree");
+  // The parameters into device memory once: the kernels read them there, not across the bus.
+  FUSCO_CHECK(cudaCopyAsync(b.mirror + l.offA, b.host + l.offA, l.bytes - l.offA, s));
+  const char* dev = b.mirror;
   if (op.pullRun) {
     FUSCO_CHECK(f.post(s, 1, true));  // "ready" to every reader
     FUSCO_CHECK(f.await(c, s, 1, false, "its buffer to be ready"));
@@ -191,30 +211,30 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
   } else {
     FUSCO_CHECK(f.post(s, 0, false));  // this rank's buffers may be written
     FUSCO_CHECK(f.await(c, s, 0, true, "its buffers to be free"));
-    FUSCO_CHECK(deviceCopyDeferred(dev, l.slotsA, s));
+    FUSCO_CHECK(deviceCopyDeferred(dev + l.offA, l.slotsA, s));
     FUSCO_CHECK(f.post(s, 1, true));  // the data is in place
     FUSCO_CHECK(f.await(c, s, 1, false, "its data"));
     FUSCO_CHECK(deviceCopyDeferred(dev + l.offB, l.slotsB, s));
   }
   // A captured operation's parameters are its own: nothing to hand back to the ring.
-  return op.captured ? fuscoSuccess
-                     : cudaStreamWriteFlag(s, q.consumedDev(), static_cast<uint32_t>(index));
+  return op.captured ? fuscoSuccess : cudaStreamWriteFlag(s, b.mapped, 1);
 }
 
 // The progress thread's part: the rounds, then the parameters, then GO.
 fuscoResult_t writeParams(const Pending& pd, const DeviceTasks& t) {
   const ParamLayout& l = pd.layout;
-  FUSCO_CHECK(deviceFillCopyBatches(t.a, pd.host, l.slotsA));
-  FUSCO_CHECK(deviceFillCopyBatches(t.b, pd.host + l.offB, l.slotsB));
+  char* host = pd.block.host;
+  FUSCO_CHECK(deviceFillCopyBatches(t.a, host + l.offA, l.slotsA));
+  FUSCO_CHECK(deviceFillCopyBatches(t.b, host + l.offB, l.slotsB));
   if (pd.op.pullRun) {
     bool aligned = true;
     for (size_t p = 0; p < t.bases.size(); ++p) {
       const uintptr_t base = reinterpret_cast<uintptr_t>(t.bases[p]);
-      std::memcpy(pd.host + l.offBases + p * sizeof(base), &base, sizeof(base));
+      std::memcpy(host + l.offBases + p * sizeof(base), &base, sizeof(base));
       aligned = aligned && (reinterpret_cast<uintptr_t>(t.bases[p]) & 15) == 0;
     }
     const uint32_t word = aligned ? 1 : 2;  // 0 (never resolved): the reading kernel skips
-    std::memcpy(pd.host + l.offAligned, &word, sizeof(word));
+    std::memcpy(host + l.offAligned, &word, sizeof(word));
   }
   return fuscoSuccess;
 }
@@ -225,7 +245,7 @@ void resolve(Communicator& c, Pending& pd) {
   bool validation = false;
   if (c.brokenResult() != fuscoSuccess) {
     r = c.brokenResult();  // the streams were released when it broke
-  } else if (pd.op.call != 0 && pd.op.call == c.asyncFailedCall()) {
+  } else if (!pd.op.firstInCall && pd.op.callSerial == c.asyncFailedCall()) {
     // An earlier operation of this call failed validation on every rank: every rank skips it.
   } else {
     OpRunner runner(c, pd.op);
@@ -244,9 +264,9 @@ void resolve(Communicator& c, Pending& pd) {
     if (r != fuscoSuccess) {
       const std::string why = threadLastError();
       if (validation) {
-        if (pd.op.call != 0) c.setAsyncFailedCall(pd.op.call);
+        c.setAsyncFailedCall(pd.op.callSerial);
         // A rank whose own check failed was told by its call already.
-        if (pd.op.argStatus == fuscoSuccess) c.setAsyncError(fuscoInvalidArgument, why);
+        if (pd.enqueueStatus == fuscoSuccess) c.setAsyncError(fuscoInvalidArgument, why);
       } else {
         c.markBroken(r, why);
         c.progress()->release(r, why);
@@ -264,6 +284,8 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   FUSCO_CHECK(c.useDevice());
   FUSCO_CHECK(cudaStreamCapturing(op.stream, &op.captured));
   if (op.captured) c.noteCapture();
+  // A call captured on one rank and run eagerly on another cannot pair its flags: the ranks agree.
+  if (op.firstInCall) op.agree.push_back({"capture into a CUDA graph", op.captured ? 1u : 0u});
   std::vector<bool> involved(n, false);
   size_t tasksA = 0, tasksB = 0;
   for (int p = 0; p < n; ++p) {
@@ -275,17 +297,16 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   Op& o = pd->op;
   pd->layout = layoutFor(o, n, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
-  char* dev = nullptr;
   if (o.captured)
-    FUSCO_CHECK(c.deviceQueue()->graphParams(pd->layout.bytes, &pd->host, &dev));
+    FUSCO_CHECK(c.deviceQueue()->graphParams(pd->layout.bytes, &pd->block));
   else
     FUSCO_CHECK(c.deviceQueue()->reserve(
         pd->layout.bytes, pd->index, c.timeoutMs(),
-        [&c] { return c.brokenResult() != fuscoSuccess; }, &pd->host, &dev));
+        [&c] { return c.brokenResult() != fuscoSuccess; }, &pd->block));
   PairFlags f;
-  FUSCO_CHECK(f.init(c, involved, o.captured));
-  FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, dev));
-  const fuscoResult_t status = o.argStatus;
+  FUSCO_CHECK(f.init(c, involved, o));
+  FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, pd->block));
+  const fuscoResult_t status = pd->enqueueStatus = o.argStatus;
   const std::string error = o.argError;
   c.progress()->post([&c, pd] { resolve(c, *pd); });
   if (status == fuscoSuccess) return fuscoSuccess;

@@ -68,6 +68,7 @@ void Progress::add(int peer, volatile uint32_t* flag, uint32_t expected, const c
     std::lock_guard<std::mutex> g(mu_);
     if (released_) {
       *flag = expected;  // the comm is broken: nothing may wait on it any more
+      releasedWaits_.push_back(Wait{peer, flag, expected, what});
       return;
     }
     if (waits_.empty()) lastProgress_ = nowNs();
@@ -102,12 +103,46 @@ bool Progress::sweep() {
   return waits_.size() != before;
 }
 
-void Progress::releaseAll(fuscoResult_t r, const std::string& why) {
+void Progress::releaseLocked() {
   released_ = true;
-  for (const Wait& w : waits_)
+  for (const Wait& w : waits_) {
     if (!reached(*w.flag, w.expected)) *w.flag = w.expected;
+    releasedWaits_.push_back(w);
+  }
   waits_.clear();
+  for (const Wait& w : releasedWaits_)
+    if (!reached(*w.flag, w.expected)) *w.flag = w.expected;
+}
+
+void Progress::releaseAll(fuscoResult_t r, const std::string& why) {
+  releaseLocked();
   fail_(r, why);
+}
+
+void Progress::releaseWaits() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    releaseLocked();
+  }
+  cv_.notify_all();
+}
+
+// Nothing to watch: sleep until work comes, or (released waits to hold, an idle check) wake every
+// liveness period.
+void Progress::idleStep(std::unique_lock<std::mutex>& lk) {
+  auto woken = [&] { return stop_ || !waits_.empty() || !jobs_.empty(); };
+  const bool hold = released_ && !releasedWaits_.empty();
+  if (!hold && !idleCheck_) {
+    cv_.wait(lk, woken);
+    return;
+  }
+  if (cv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_), woken)) return;
+  if (hold) releaseLocked();
+  if (!idleCheck_) return;
+  std::function<void()> check = idleCheck_;
+  lk.unlock();
+  check();
+  lk.lock();
 }
 
 // One look at the waits: progress, dead peers (every liveness period), the timeout.
@@ -151,7 +186,15 @@ void Progress::run() {
       std::function<void()> job = std::move(jobs_.front());
       jobs_.pop_front();
       lk.unlock();
-      job();
+      try {
+        job();
+      } catch (const std::exception& e) {
+        // A job never throws on purpose: whatever it left half done, the comm cannot go on.
+        FUSCO_WARN(kEngine, "a progress job failed: %s", e.what());
+        lk.lock();
+        releaseAll(fuscoInternalError, std::string("a progress job failed: ") + e.what());
+        continue;
+      }
       lk.lock();
       // A finished job advanced the operations the streams wait for.
       lastProgress_ = nowNs();
@@ -159,15 +202,7 @@ void Progress::run() {
     }
     if (stop_) break;
     if (waits_.empty()) {
-      auto woken = [&] { return stop_ || !waits_.empty() || !jobs_.empty(); };
-      if (!idleCheck_) {
-        cv_.wait(lk, woken);
-      } else if (!cv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_), woken)) {
-        std::function<void()> check = idleCheck_;
-        lk.unlock();
-        check();
-        lk.lock();
-      }
+      idleStep(lk);
       continue;
     }
     watchStep(lk, &lastLive);

@@ -50,6 +50,10 @@ class Progress {
   void drain();
   // Releases every wait at once and breaks the comm (an operation failed on this thread).
   void release(fuscoResult_t r, const std::string& why);
+  // Releases every wait without breaking the comm (it is broken already, from another thread).
+  // Released waits stay released: while they exist the thread writes their values again every
+  // liveness period, since a live peer's stream may still post older values into the words.
+  void releaseWaits();
   // Every wait added since the comm broke is released at once.
   bool released() const;
   // From now on the idle thread wakes every liveness period and runs `check` (a comm with
@@ -67,6 +71,8 @@ class Progress {
   void watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive);
   bool sweep();  // drops satisfied waits; true if any was
   void releaseAll(fuscoResult_t r, const std::string& why);
+  void releaseLocked();
+  void idleStep(std::unique_lock<std::mutex>& lk);
 
   const int64_t timeoutNs_, livenessNs_;
   std::function<fuscoResult_t(int)> checkPeer_;
@@ -77,6 +83,7 @@ class Progress {
   std::condition_variable cv_, doneCv_;
   std::deque<std::function<void()>> jobs_;
   std::vector<Wait> waits_;
+  std::vector<Wait> releasedWaits_;
   bool stop_ = false, released_ = false;
   int64_t lastProgress_ = 0;
   std::thread thread_;

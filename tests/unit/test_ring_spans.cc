@@ -79,3 +79,26 @@ TEST(RingSpans, RandomTrafficNeverOverlapsLiveSpans) {
 }
 
 }  // namespace
+
+namespace {
+
+// The parameter ring frees blocks oldest first, as their operations finish (in any order).
+TEST(RingSpans, FrontAndPopFrontFreeTheOldestSpanFirst) {
+  RingSpans r(1024);
+  size_t a, b, front;
+  ASSERT_TRUE(r.reserve(512, 1, &a));
+  ASSERT_TRUE(r.reserve(512, 2, &b));
+  ASSERT_TRUE(r.front(&front));
+  EXPECT_EQ(front, a);
+  r.popFront();
+  ASSERT_TRUE(r.front(&front));
+  EXPECT_EQ(front, b);
+  size_t c;
+  ASSERT_TRUE(r.reserve(512, 3, &c));
+  EXPECT_EQ(c, a) << "the freed oldest block is reused";
+  r.popFront();
+  r.popFront();
+  EXPECT_FALSE(r.front(&front));
+}
+
+}  // namespace

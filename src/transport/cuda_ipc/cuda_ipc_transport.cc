@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -90,6 +91,10 @@ struct IpcComm {
   TransportComm* shm = nullptr;
   Page own;
   std::vector<IpcPeer> peers;
+  // The regions and the directory: a CUDA comm's caller and its progress thread both use them.
+  // Never held across a CUDA call that may wait for the device (cudaFree), whose streams may wait
+  // for the progress thread.
+  std::mutex mu;
   std::map<uintptr_t, Region> regions;  // base address -> region
   uint32_t nextSlot = 0;
 };
@@ -315,7 +320,11 @@ fuscoResult_t ipcMemAlloc(TransportComm* tc, size_t bytes, void** ptr) {
     return FUSCO_FAIL(fuscoSystemError, kIpc, "cuda_ipc: cudaMalloc of %zu bytes failed: %s", bytes,
                       cudaGetErrorString(e));
   }
-  fuscoResult_t r = exportRegion(c, p, bytes, true, 0);
+  fuscoResult_t r;
+  {
+    std::lock_guard<std::mutex> g(c->mu);
+    r = exportRegion(c, p, bytes, true, 0);
+  }
   if (r != fuscoSuccess) {
     cudaFree(p);
     return r;
@@ -326,11 +335,14 @@ fuscoResult_t ipcMemAlloc(TransportComm* tc, size_t bytes, void** ptr) {
 
 fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
   IpcComm* c = asIpc(tc);
-  auto it = c->regions.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == c->regions.end() || !it->second.owned)
-    return FUSCO_FAIL(fuscoInvalidArgument, kIpc,
-                      "cuda_ipc: %p is not device memory of this communicator", ptr);
-  unexport(c, it);
+  {
+    std::lock_guard<std::mutex> g(c->mu);
+    auto it = c->regions.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == c->regions.end() || !it->second.owned)
+      return FUSCO_FAIL(fuscoInvalidArgument, kIpc,
+                        "cuda_ipc: %p is not device memory of this communicator", ptr);
+    unexport(c, it);
+  }
   FUSCO_CUDACHECK(cudaFree(ptr), kIpc);
   return fuscoSuccess;
 }
@@ -340,6 +352,7 @@ fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
 // with its last.
 fuscoResult_t ipcMemRegister(TransportComm* tc, void* base, size_t bytes) {
   IpcComm* c = asIpc(tc);
+  std::lock_guard<std::mutex> g(c->mu);
   auto it = c->regions.find(reinterpret_cast<uintptr_t>(base));
   if (it != c->regions.end()) {
     ++it->second.registrations;
@@ -350,6 +363,7 @@ fuscoResult_t ipcMemRegister(TransportComm* tc, void* base, size_t bytes) {
 
 fuscoResult_t ipcMemDeregister(TransportComm* tc, void* base) {
   IpcComm* c = asIpc(tc);
+  std::lock_guard<std::mutex> g(c->mu);
   auto it = c->regions.find(reinterpret_cast<uintptr_t>(base));
   if (it == c->regions.end() || it->second.registrations == 0)
     return FUSCO_FAIL(fuscoInternalError, kIpc, "cuda_ipc: %p is not a registered allocation",
@@ -360,7 +374,9 @@ fuscoResult_t ipcMemDeregister(TransportComm* tc, void* base) {
 
 bool ipcRegionToken(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* token) {
   IpcComm* c = asIpc(tc);
-  if (c == nullptr || c->regions.empty()) return false;
+  if (c == nullptr) return false;
+  std::lock_guard<std::mutex> g(c->mu);
+  if (c->regions.empty()) return false;
   uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   auto it = c->regions.upper_bound(p);
   if (it == c->regions.begin()) return false;
