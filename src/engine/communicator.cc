@@ -13,6 +13,7 @@
 #include "device/cuda_rt.h"
 #include "engine/engine_async.h"
 #include "engine/peer_info.h"
+#include "engine/stream_ops.h"
 
 namespace fusco {
 
@@ -173,24 +174,20 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->pairSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
   FUSCO_CHECK(c->connectTransports());
+  c->devSendSeq_.assign(nranks, 0);
+  c->devRecvSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) {
-    c->devSendSeq_.assign(nranks, 0);
-    c->devRecvSeq_.assign(nranks, 0);
-    Communicator* self = c.get();
-    c->deviceQueue_ = std::make_unique<DeviceQueue>();
-    FUSCO_CHECK(c->deviceQueue_->init(static_cast<size_t>(paramCudaParamBytes())));
-    const int device = c->device_;
-    c->progress_ = std::make_unique<Progress>(
-        c->ctx_.timeoutMs, paramLivenessMs(),
-        [self](int p) {
-          const PeerConn& pc = self->conns_[p];
-          return pc.ops ? pc.ops->checkPeer(pc.tc, p) : fuscoSuccess;
-        },
-        [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); },
-        [device] {
-          cudaSetCurrent(device);
-          cudaRelaxCaptureOnThisThread();  // allocations while the caller captures a graph
-        });
+    c->streamOps_ = cudaStreamOps();
+    FUSCO_CHECK(c->startAsync());
+  } else if (paramAsyncHost() != 0) {
+    FUSCO_CHECK(c->twinFlags());
+    if (!c->twinPeerFlags_.empty() || nranks == 1) {
+      c->streamOps_ = hostStreamOps(c->ctx_.timeoutMs);
+      FUSCO_CHECK(c->startAsync());
+      FUSCO_INFO(kInit,
+                 "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
+                 "twin of the stream");
+    }
   }
   FUSCO_INFO(kInit,
              "comm rank %d/%d node %d/%d local rank %d/%d: chunk %zu B, depth %d, timeout %lld ms",
@@ -276,19 +273,72 @@ fuscoResult_t Communicator::connectTransports() {
   return fuscoSuccess;
 }
 
-void Communicator::setAsyncError(fuscoResult_t r, const std::string& why) {
+// The parameter queue and the progress thread of the enqueue-only engine (engine_async.h).
+fuscoResult_t Communicator::startAsync() {
+  Communicator* self = this;
+  deviceQueue_ = std::make_unique<DeviceQueue>();
+  FUSCO_CHECK(deviceQueue_->init(static_cast<size_t>(paramCudaParamBytes()), streamOps_.get()));
+  const int device = device_;
+  progress_ = std::make_unique<Progress>(
+      ctx_.timeoutMs, paramLivenessMs(),
+      [self](int p) {
+        const PeerConn& pc = self->conns_[p];
+        return pc.ops ? pc.ops->checkPeer(pc.tc, p) : fuscoSuccess;
+      },
+      [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); },
+      [device] {
+        if (device < 0) return;
+        cudaSetCurrent(device);
+        cudaRelaxCaptureOnThisThread();  // allocations while the caller captures a graph
+      });
+  return fuscoSuccess;
+}
+
+// The host twin's flags (DeviceFlags, kDeviceFlagKinds words per peer) in this rank's shm arena,
+// mapped by every peer. Left empty (no twin) when a peer's transport cannot map this rank's memory
+// (ranks on other nodes): such comms keep the host engine.
+fuscoResult_t Communicator::twinFlags() {
+  const size_t bytes = static_cast<size_t>(kDeviceFlagKinds) * nranks_ * 64;
+  void* own = nullptr;
+  FUSCO_CHECK(memAlloc(bytes, &own));
+  std::memset(own, 0, bytes);
+  twinOwnFlags_ = static_cast<char*>(own);
+  uint64_t token = 0;
+  bool mappable = true;
+  for (int p = 0; p < nranks_ && mappable; ++p)
+    mappable = p == rank_ || regionToken(p, own, bytes, &token);
+  std::vector<std::string> all;
+  FUSCO_CHECK(bootstrap_->allGather(mappable ? std::to_string(token) : "-", &all));
+  std::vector<char*> peers(nranks_, nullptr);
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    const PeerConn& pc = conns_[p];
+    if (all[p] == "-" || pc.ops == nullptr || pc.ops->peerPointer == nullptr) return fuscoSuccess;
+    peers[p] = static_cast<char*>(
+        pc.ops->peerPointer(pc.tc, p, std::strtoull(all[p].c_str(), nullptr, 10), bytes));
+    if (peers[p] == nullptr) return fuscoSuccess;
+  }
+  twinPeerFlags_ = std::move(peers);
+  return fuscoSuccess;
+}
+
+void Communicator::setAsyncError(fuscoResult_t r, const std::string& why,
+                                 fuscoResult_t engineResult) {
   std::lock_guard<std::mutex> g(asyncMu_);
   asyncError_ = r;
+  asyncEngineResult_ = engineResult;
   asyncWhy_ = why;
 }
 
-fuscoResult_t Communicator::takeAsyncError(std::string* why) {
+fuscoResult_t Communicator::takeAsyncError(std::string* why, fuscoResult_t* engineResult) {
   if (brokenResult() != fuscoSuccess) {
     *why = brokenMessage();
+    if (engineResult != nullptr) *engineResult = brokenResult();
     return brokenResult();
   }
   std::lock_guard<std::mutex> g(asyncMu_);
   fuscoResult_t r = asyncError_;
+  if (engineResult != nullptr) *engineResult = asyncEngineResult_;
   *why = asyncWhy_;
   asyncError_ = fuscoSuccess;
   asyncWhy_.clear();
@@ -411,6 +461,16 @@ fuscoResult_t Communicator::memDeregister(void* ptr) {
 }
 
 fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
+  if (!twinPeerFlags_.empty()) {
+    for (int kind = 0; kind < kDeviceFlagKinds; ++kind) {
+      char* mine = twinOwnFlags_ + (static_cast<size_t>(kind) * nranks_ + peer) * 64;
+      out->hostWait[kind] = reinterpret_cast<volatile uint32_t*>(mine);
+      out->devWait[kind] = mine;
+      out->devPost[kind] =
+          twinPeerFlags_[peer] + (static_cast<size_t>(kind) * nranks_ + rank_) * 64;
+    }
+    return fuscoSuccess;
+  }
   const PeerConn& pc = conns_[peer];
   if (pc.ops == nullptr || pc.ops->deviceFlags == nullptr)
     return FUSCO_FAIL(fuscoInternalError, kEngine, "rank %d is not connected by a device transport",
@@ -426,9 +486,11 @@ Communicator::~Communicator() {
     if (abortRequested()) progress_->releaseWaits();
     progress_->runSync([] { return fuscoSuccess; });
     progress_->drain();
-    cudaDeviceSyncQuiet();
+    if (device_ >= 0) cudaDeviceSyncQuiet();
+    if (streamOps_) streamOps_->drain();  // the host twin's stream
     progress_.reset();
     deviceQueue_.reset();
+    streamOps_.reset();
   }
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);

@@ -41,6 +41,7 @@ int64_t paramLivenessMs();
 // of a call ride in the headers of its first operation, which every rank exchanges with every
 // peer, so a difference fails that operation on every rank before any data moves.
 class DeviceQueue;  // engine_async.h
+class StreamOps;    // stream_ops.h
 
 struct AgreeValue {
   const char* name;  // the argument or field, as the error message names it
@@ -170,11 +171,17 @@ class Communicator {
   // nullptr on host comms.
   Progress* progress() { return progress_.get(); }
   DeviceQueue* deviceQueue() { return deviceQueue_.get(); }
+  StreamOps* streamOps() { return streamOps_.get(); }
+  // A host comm whose calls run through the enqueue-only engine on a host twin of the stream
+  // (FUSCO_ASYNC_HOST=1, stream_ops.h).
+  bool hostTwin() const { return memType() == fuscoMemHost && streamOps_ != nullptr; }
   // An enqueued operation whose arguments disagreed between ranks (no data moved, the comm stays
   // usable): fuscoCommGetAsyncError reports it once. takeAsyncError: the error that broke the comm,
   // else the last such failure (then forgotten), else fuscoSuccess; *why: its message.
-  void setAsyncError(fuscoResult_t r, const std::string& why);
-  fuscoResult_t takeAsyncError(std::string* why);
+  // engineResult: the code the host engine gives the same failure (what a host twin's call
+  // returns, *engineResult from takeAsyncError).
+  void setAsyncError(fuscoResult_t r, const std::string& why, fuscoResult_t engineResult);
+  fuscoResult_t takeAsyncError(std::string* why, fuscoResult_t* engineResult = nullptr);
   // Progress thread only: the call (callSerial) an operation of which failed validation (its later
   // operations are skipped alike on every rank).
   uint64_t asyncFailedCall() const { return asyncFailedCall_; }
@@ -214,13 +221,18 @@ class Communicator {
   std::vector<void*> graphBuffers_;    // captured operations' buffers, freed with the comm
   bool captured_ = false;
   void checkGraphPeers();
+  fuscoResult_t startAsync();
+  fuscoResult_t twinFlags();
+  char* twinOwnFlags_ = nullptr;      // the host twin's flag words (in the shm arena)
+  std::vector<char*> twinPeerFlags_;  // each peer's, mapped here
   std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;
+  std::unique_ptr<StreamOps> streamOps_;  // outlives the queue and the progress thread
   std::unique_ptr<DeviceQueue> deviceQueue_;
   std::unique_ptr<Progress> progress_;  // after deviceQueue_: joined before it is freed
   std::mutex asyncMu_;
-  fuscoResult_t asyncError_ = fuscoSuccess;
+  fuscoResult_t asyncError_ = fuscoSuccess, asyncEngineResult_ = fuscoSuccess;
   std::string asyncWhy_;
   uint64_t asyncFailedCall_ = UINT64_MAX;
   // Memory registrations, scratch and region tokens: the caller and the progress thread use them.

@@ -15,6 +15,7 @@
 #include "engine/engine_device.h"
 #include "engine/engine_wire.h"
 #include "engine/op_runner.h"
+#include "engine/stream_ops.h"
 
 namespace fusco {
 
@@ -273,6 +274,23 @@ fuscoResult_t runOpNow(Communicator& comm, Op& op, bool* validation) {
   return r;
 }
 
+// A host twin's call (stream_ops.h) returns when the data is in place, like any host call: it
+// waits for its stream, then reports what the progress thread found as the call's result.
+fuscoResult_t finishTwin(Communicator& comm, fuscoResult_t r, bool* agreed) {
+  fuscoResult_t d = comm.streamOps()->drain();
+  if (r != fuscoSuccess) return r;
+  if (d != fuscoSuccess) {
+    comm.markBroken(d, threadLastError());
+    return d;
+  }
+  std::string why;
+  fuscoResult_t engine = fuscoSuccess;
+  if (comm.takeAsyncError(&why, &engine) == fuscoSuccess) return fuscoSuccess;
+  *agreed = comm.brokenResult() == fuscoSuccess;  // a disagreement every rank saw alike
+  setThreadLastError(why);
+  return engine;
+}
+
 fuscoResult_t runOp(Communicator& comm, Op& op) {
   if (comm.brokenResult() != fuscoSuccess)
     return FUSCO_FAIL(comm.brokenResult(), kEngine,
@@ -284,10 +302,11 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
   bool agreed = false;
   fuscoResult_t r;
   Progress* progress = comm.progress();
-  if (progress != nullptr && comm.memType() == fuscoMemCuda && !op.hostData) {
+  if (progress != nullptr && !op.hostData) {
     // A CUDA comm's device operation: enqueued, resolved later by the progress thread.
     r = enqueueDeviceOp(comm, op, &agreed);
     if (r != fuscoSuccess && !agreed) comm.markBroken(r, threadLastError());
+    if (comm.hostTwin()) r = finishTwin(comm, r, &agreed);
   } else if (progress != nullptr) {
     // Host-memory exchanges of a CUDA comm share the channels with the enqueued operations: they
     // run on the progress thread after them.

@@ -21,18 +21,20 @@ FUSCO_PARAM_INT(CudaParamBytes, "FUSCO_CUDA_PARAM_BYTES", 4 << 20, 64 << 10, INT
                 "pinned memory for the parameters of a CUDA comm's enqueued operations (bytes)");
 
 DeviceQueue::~DeviceQueue() {
-  for (void* p : graphParams_) cudaFreeMapped(p);
-  for (void* p : graphMirrors_) cudaFreeDevice(p);
-  if (ringMirror_ != nullptr) cudaFreeDevice(ringMirror_);
-  cudaFreeMapped(ringHost_);
-  cudaFreeMapped(pageHost_);
+  if (ops_ == nullptr) return;
+  for (void* p : graphParams_) ops_->freeMapped(p);
+  for (void* p : graphMirrors_) ops_->freeDevice(p);
+  ops_->freeDevice(ringMirror_);
+  ops_->freeMapped(ringHost_);
+  ops_->freeMapped(pageHost_);
 }
 
-fuscoResult_t DeviceQueue::init(size_t ringBytes) {
-  FUSCO_CHECK(cudaAllocMapped(4096, &pageHost_, &pageDev_));
+fuscoResult_t DeviceQueue::init(size_t ringBytes, StreamOps* ops) {
+  ops_ = ops;
+  FUSCO_CHECK(ops_->allocMapped(4096, &pageHost_, &pageDev_));
   std::memset(pageHost_, 0, 4096);
-  FUSCO_CHECK(cudaAllocMapped(ringBytes, &ringHost_, &ringDev_));
-  FUSCO_CHECK(cudaAllocDevice(ringBytes, &ringMirror_));
+  FUSCO_CHECK(ops_->allocMapped(ringBytes, &ringHost_, &ringDev_));
+  FUSCO_CHECK(ops_->allocDevice(ringBytes, &ringMirror_));
   spans_ = RingSpans(ringBytes);
   return fuscoSuccess;
 }
@@ -79,11 +81,10 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
 
 fuscoResult_t DeviceQueue::graphParams(size_t bytes, ParamBlock* out) {
   std::lock_guard<std::mutex> g(mu_);
-  CudaRelaxedCapture relaxed;  // the caller's stream is capturing
   void *h = nullptr, *d = nullptr, *m = nullptr;
-  FUSCO_CHECK(cudaAllocMapped(bytes, &h, &d));
+  FUSCO_CHECK(ops_->allocMapped(bytes, &h, &d));
   graphParams_.push_back(h);
-  FUSCO_CHECK(cudaAllocDevice(bytes, &m));
+  FUSCO_CHECK(ops_->allocDevice(bytes, &m));
   graphMirrors_.push_back(m);
   std::memset(h, 0, bytes);
   out->host = static_cast<char*>(h);
@@ -105,12 +106,12 @@ struct ParamLayout {
   size_t offA = kParamHeader, offB = 0, offBases = 0, offAligned = 0, bytes = 0;
 };
 
-ParamLayout layoutFor(const Op& op, int n, size_t tasksA, size_t tasksB) {
+ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, size_t tasksA, size_t tasksB) {
   ParamLayout l;
-  const size_t batch = deviceCopyBatchBytes();
+  const size_t batch = ops.batchBytes();
   if (!op.pullRun) {
-    l.slotsA = deviceCopyBatchSlots(tasksA);
-    l.slotsB = deviceCopyBatchSlots(tasksB);
+    l.slotsA = ops.batchSlots(tasksA);
+    l.slotsB = ops.batchSlots(tasksB);
   }
   l.offB = l.offA + l.slotsA * batch;
   l.offBases = l.offB + l.slotsB * batch;
@@ -134,12 +135,14 @@ struct PairFlags {
   std::vector<DeviceFlags> flags;
   std::vector<uint32_t> sendSeq, recvSeq;
   std::vector<bool> involved;
+  StreamOps* ops = nullptr;
   bool graph = false;  // a captured operation (kinds 2 and 3, binary semaphores)
   bool pull = false;   // a pull operation: "ready" is kind 1, its first handshake
 
   fuscoResult_t init(Communicator& c, const std::vector<bool>& inv, const Op& op) {
     const int n = c.nranks();
     involved = inv;
+    ops = c.streamOps();
     graph = op.captured;
     pull = static_cast<bool>(op.pullRun);
     flags.assign(n, {});
@@ -163,13 +166,13 @@ struct PairFlags {
   // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq), in one
   // driver call...
   fuscoResult_t post(void* s, int kind, bool asSender) const {
-    std::vector<StreamFlagOp> ops;
+    std::vector<StreamFlagOp> list;
     for (size_t p = 0; p < involved.size(); ++p) {
       if (!involved[p]) continue;
       const uint32_t v = graph ? 1 : asSender ? sendSeq[p] : recvSeq[p];
-      ops.push_back({flags[p].devPost[word(kind)], v, false});
+      list.push_back({flags[p].devPost[word(kind)], v, false});
     }
-    return ops.empty() ? fuscoSuccess : cudaStreamFlags(s, ops);
+    return ops->flags(s, list);
   }
   // ... and waits for each peer's flag `kind`, each wait watched by the progress thread (a graph's
   // waits: then reset for the next replay, released by the idle check when the comm breaks).
@@ -186,8 +189,8 @@ struct PairFlags {
       waits.push_back({flags[p].devWait[kind], seq, true});
       c.progress()->add(static_cast<int>(p), flags[p].hostWait[kind], seq, what);
     }
-    if (!waits.empty()) FUSCO_CHECK(cudaStreamFlags(s, waits));
-    return resets.empty() ? fuscoSuccess : cudaStreamFlags(s, resets);
+    FUSCO_CHECK(ops->flags(s, waits));
+    return ops->flags(s, resets);
   }
 };
 
@@ -196,10 +199,11 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
                             const ParamLayout& l, const ParamBlock& b) {
   DeviceQueue& q = *c.deviceQueue();
   void* s = op.stream;
-  FUSCO_CHECK(cudaStreamWaitFlag(s, q.goDev(), static_cast<uint32_t>(index)));
+  StreamOps& ops = *c.streamOps();
+  FUSCO_CHECK(ops.flags(s, {{q.goDev(), static_cast<uint32_t>(index), true}}));
   c.progress()->add(-1, q.goHost(), static_cast<uint32_t>(index), "the call's peers to agree");
   // The parameters into device memory once: the kernels read them there, not across the bus.
-  FUSCO_CHECK(cudaCopyAsync(b.mirror + l.offA, b.host + l.offA, l.bytes - l.offA, s));
+  FUSCO_CHECK(ops.copy(s, b.mirror + l.offA, b.host + l.offA, l.bytes - l.offA));
   const char* dev = b.mirror;
   if (op.pullRun) {
     FUSCO_CHECK(f.post(s, 1, true));  // "ready" to every reader
@@ -211,21 +215,21 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
   } else {
     FUSCO_CHECK(f.post(s, 0, false));  // this rank's buffers may be written
     FUSCO_CHECK(f.await(c, s, 0, true, "its buffers to be free"));
-    FUSCO_CHECK(deviceCopyDeferred(dev + l.offA, l.slotsA, s));
+    FUSCO_CHECK(ops.copyDeferred(s, dev + l.offA, l.slotsA));
     FUSCO_CHECK(f.post(s, 1, true));  // the data is in place
     FUSCO_CHECK(f.await(c, s, 1, false, "its data"));
-    FUSCO_CHECK(deviceCopyDeferred(dev + l.offB, l.slotsB, s));
+    FUSCO_CHECK(ops.copyDeferred(s, dev + l.offB, l.slotsB));
   }
   // A captured operation's parameters are its own: nothing to hand back to the ring.
-  return op.captured ? fuscoSuccess : cudaStreamWriteFlag(s, b.mapped, 1);
+  return op.captured ? fuscoSuccess : ops.flags(s, {{b.mapped, 1, false}});
 }
 
 // The progress thread's part: the rounds, then the parameters, then GO.
-fuscoResult_t writeParams(const Pending& pd, const DeviceTasks& t) {
+fuscoResult_t writeParams(StreamOps& ops, const Pending& pd, const DeviceTasks& t) {
   const ParamLayout& l = pd.layout;
   char* host = pd.block.host;
-  FUSCO_CHECK(deviceFillCopyBatches(t.a, host + l.offA, l.slotsA));
-  FUSCO_CHECK(deviceFillCopyBatches(t.b, host + l.offB, l.slotsB));
+  FUSCO_CHECK(ops.fillBatches(t.a, host + l.offA, l.slotsA));
+  FUSCO_CHECK(ops.fillBatches(t.b, host + l.offB, l.slotsB));
   if (pd.op.pullRun) {
     bool aligned = true;
     for (size_t p = 0; p < t.bases.size(); ++p) {
@@ -254,7 +258,7 @@ void resolve(Communicator& c, Pending& pd) {
     try {
       r = runner.resolve(&t);
       // Pairs that agreed move their data even when another pair of the operation did not.
-      fuscoResult_t w = t.ready ? writeParams(pd, t) : fuscoSuccess;
+      fuscoResult_t w = t.ready ? writeParams(*c.streamOps(), pd, t) : fuscoSuccess;
       if (w != fuscoSuccess) r = w, internal = true;
     } catch (const std::bad_alloc&) {
       r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", pd.op.name);
@@ -266,7 +270,7 @@ void resolve(Communicator& c, Pending& pd) {
       if (validation) {
         c.setAsyncFailedCall(pd.op.callSerial);
         // A rank whose own check failed was told by its call already.
-        if (pd.enqueueStatus == fuscoSuccess) c.setAsyncError(fuscoInvalidArgument, why);
+        if (pd.enqueueStatus == fuscoSuccess) c.setAsyncError(fuscoInvalidArgument, why, r);
       } else {
         c.markBroken(r, why);
         c.progress()->release(r, why);
@@ -282,7 +286,7 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   *agreedFailure = false;
   const int n = c.nranks(), me = c.rank();
   FUSCO_CHECK(c.useDevice());
-  FUSCO_CHECK(cudaStreamCapturing(op.stream, &op.captured));
+  FUSCO_CHECK(c.streamOps()->capturing(op.stream, &op.captured));
   if (op.captured) c.noteCapture();
   // A call captured on one rank and run eagerly on another cannot pair its flags: the ranks agree.
   if (op.firstInCall) op.agree.push_back({"capture into a CUDA graph", op.captured ? 1u : 0u});
@@ -295,7 +299,7 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   }
   auto pd = std::make_shared<Pending>(std::move(op));
   Op& o = pd->op;
-  pd->layout = layoutFor(o, n, tasksA, tasksB);
+  pd->layout = layoutFor(*c.streamOps(), o, n, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
   if (o.captured)
     FUSCO_CHECK(c.deviceQueue()->graphParams(pd->layout.bytes, &pd->block));

@@ -31,6 +31,7 @@
 
 #include "core/ring_spans.h"
 #include "engine/engine.h"
+#include "engine/stream_ops.h"
 
 namespace fusco {
 
@@ -57,7 +58,8 @@ class DeviceQueue {
   ~DeviceQueue();
   DeviceQueue(const DeviceQueue&) = delete;
   DeviceQueue& operator=(const DeviceQueue&) = delete;
-  fuscoResult_t init(size_t ringBytes);
+  // ops: the stream's implementation (stream_ops.h), kept by the comm for the queue's lifetime.
+  fuscoResult_t init(size_t ringBytes, StreamOps* ops);
 
   uint64_t nextIndex() { return ++index_; }
   // Parameters for operation `index`, zeroed (an operation never resolved moves nothing). Waits
@@ -79,6 +81,7 @@ class DeviceQueue {
   void retireConsumed();
 
   std::mutex mu_;
+  StreamOps* ops_ = nullptr;
   void* pageHost_ = nullptr;
   void* pageDev_ = nullptr;
   void* ringHost_ = nullptr;

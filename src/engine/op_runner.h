@@ -86,7 +86,7 @@ class OpRunner {
            pc.ops->sendsInFlight(pc.tc, p);
   }
   // The data lives in device memory and moves on the GPU (engine_device.h).
-  bool onDevice() const { return c_.memType() == fuscoMemCuda && !op_.hostData; }
+  bool onDevice() const { return (c_.memType() == fuscoMemCuda || c_.hostTwin()) && !op_.hostData; }
   // Still owes this rank something in the current phase (finished peers may exit at will).
   bool pending(int p) const {
     if (!involved_[p]) return false;

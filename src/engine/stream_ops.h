@@ -1,0 +1,49 @@
+// What the enqueue-only engine (engine_async.h) needs from a stream, behind one interface:
+//  - the CUDA runtime, for fuscoMemCuda comms (the caller's cudaStream_t);
+//  - a host twin, for host comms with FUSCO_ASYNC_HOST=1: one thread per comm plays the stream,
+//    running the same skeleton (flag waits and writes, parameter copies, the deferred copy tasks)
+//    in order on host memory, so the protocol of the CUDA path runs, and is tested, on machines
+//    without a GPU. A twin call waits for its stream at its end (host comms return when the data
+//    is in place).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "device/cuda_rt.h"
+#include "device/device_ops.h"
+#include "fusco.h"
+
+namespace fusco {
+
+class StreamOps {
+ public:
+  virtual ~StreamOps() = default;
+  // Memory the host writes and the stream reads (*mapped: its address for the stream).
+  virtual fuscoResult_t allocMapped(size_t bytes, void** host, void** mapped) = 0;
+  virtual void freeMapped(void* host) = 0;
+  // Memory only the stream reads (the parameters' copy the kernels use).
+  virtual fuscoResult_t allocDevice(size_t bytes, void** ptr) = 0;
+  virtual void freeDevice(void* ptr) = 0;
+  virtual fuscoResult_t capturing(void* stream, bool* yes) = 0;
+  // Stream-ordered: flag waits and writes in order, a copy, the deferred copy tasks.
+  virtual fuscoResult_t flags(void* stream, const std::vector<StreamFlagOp>& ops) = 0;
+  virtual fuscoResult_t copy(void* stream, void* dst, const void* src, size_t bytes) = 0;
+  virtual size_t batchBytes() = 0;
+  virtual size_t batchSlots(size_t ntasks) = 0;
+  virtual fuscoResult_t fillBatches(const std::vector<DevCopyTask>& tasks, void* block,
+                                    size_t slots) = 0;
+  virtual fuscoResult_t copyDeferred(void* stream, const void* block, size_t slots) = 0;
+  // The host twin: waits until its stream ran everything enqueued (CUDA: nothing to do).
+  virtual fuscoResult_t drain() { return fuscoSuccess; }
+};
+
+std::unique_ptr<StreamOps> cudaStreamOps();
+// timeoutMs bounds drain(); the stream's waits are released by the progress thread.
+std::unique_ptr<StreamOps> hostStreamOps(int64_t timeoutMs);
+
+// FUSCO_ASYNC_HOST: 1 runs host comms' calls through the enqueue-only engine on a host twin.
+int64_t paramAsyncHost();
+
+}  // namespace fusco
