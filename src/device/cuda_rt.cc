@@ -36,8 +36,6 @@ Fn driverFn(const char* name) {
 }
 
 using RangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 }  // namespace
 
@@ -76,29 +74,6 @@ bool cudaIsDevicePointer(const void* p) {
     return false;
   }
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
-
-fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value) {
-  static WriteFn fn = driverFn<WriteFn>("cuStreamWriteValue32");
-  if (fn == nullptr)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 is unavailable");
-  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value, 0);
-  if (r != CUDA_SUCCESS)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWriteValue32 failed (CUresult %d)",
-                      static_cast<int>(r));
-  return fuscoSuccess;
-}
-
-fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value) {
-  static WaitFn fn = driverFn<WaitFn>("cuStreamWaitValue32");
-  if (fn == nullptr)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 is unavailable");
-  CUresult r = fn(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(devAddr), value,
-                  CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamWaitValue32 failed (CUresult %d)",
-                      static_cast<int>(r));
-  return fuscoSuccess;
 }
 
 fuscoResult_t cudaStreamFlags(void* stream, const std::vector<StreamFlagOp>& ops) {
@@ -300,8 +275,6 @@ bool cudaBuilt() { return false; }
 fuscoResult_t cudaUseDevice(int, int*) { return notBuilt(); }
 fuscoResult_t cudaSetCurrent(int) { return notBuilt(); }
 bool cudaIsDevicePointer(const void*) { return false; }
-fuscoResult_t cudaStreamWriteFlag(void*, void*, uint32_t) { return notBuilt(); }
-fuscoResult_t cudaStreamWaitFlag(void*, void*, uint32_t) { return notBuilt(); }
 fuscoResult_t cudaStreamFlags(void*, const std::vector<StreamFlagOp>&) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaCopyDeviceAsync(void*, const void*, size_t, void*) { return notBuilt(); }
@@ -334,9 +307,6 @@ fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>&, void*, size
 }
 fuscoResult_t deviceCopyDeferred(const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) {
-  return notBuilt();
-}
-fuscoResult_t deviceStorePointers(const char**, const char* const*, size_t, void*) {
   return notBuilt();
 }
 fuscoResult_t deviceZeroRowRanges(void*, size_t, const int64_t*, size_t, int64_t, void*) {

@@ -23,11 +23,9 @@ fuscoResult_t cudaSetCurrent(int device);
 // Whether p is device memory or managed memory (false for host memory and unknown pointers).
 bool cudaIsDevicePointer(const void* p);
 
-// Stream-ordered 32-bit flag operations on memory the device can reach (DeviceFlags):
-// write `value` after all prior work of the stream; wait until (int32)(*flag - value) >= 0.
-fuscoResult_t cudaStreamWriteFlag(void* stream, void* devAddr, uint32_t value);
-fuscoResult_t cudaStreamWaitFlag(void* stream, void* devAddr, uint32_t value);
-// Several of them in one driver call, in order (a wait as above, or a write).
+// Stream-ordered 32-bit flag operations on memory the device can reach (DeviceFlags), in order
+// and in one driver call: write `value` after all prior work of the stream, or wait until
+// (int32)(*flag - value) >= 0.
 struct StreamFlagOp {
   void* devAddr;
   uint32_t value;

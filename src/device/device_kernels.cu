@@ -273,12 +273,10 @@ template <int kDt, int V>
 __global__ void __launch_bounds__(kSumThreads)
     finalSumKernel(const __grid_constant__ DevFinalSum f, uint64_t hidden, uint32_t gateWant) {
   __shared__ Term staged[kTermsShared];
-  // Bases filled after the launch (basesAlignedAt): 0, never resolved (nothing runs); 1, every
-  // base 16-byte aligned; 2, not. gateWant: the word this variant needs (0: 1 or 2).
-  if (f.basesAlignedAt != nullptr) {
-    const uint32_t w = __ldcv(f.basesAlignedAt);
-    if (w == 0 || (gateWant != 0 && w != gateWant)) return;
-  }
+  // The bases' word (DevFinalSum): 0, never resolved (nothing runs); 1, every base 16-byte
+  // aligned; 2, not. gateWant: the word this variant needs (0: 1 or 2).
+  const uint32_t w = __ldcv(f.basesAligned);
+  if (w == 0 || (gateWant != 0 && w != gateWant)) return;
   const uint64_t rowBytes = hidden * Elem<kDt>::kSize;
   const uint64_t nvec = hidden / V;
   for (uint64_t t = blockIdx.x; t < f.ntokens; t += gridDim.x) {
@@ -307,18 +305,6 @@ __global__ void __launch_bounds__(kSumThreads)
       }
     }
   }
-}
-
-// Pointers carried in the launch's parameters and stored to device memory (no host buffer).
-constexpr int kPointersPerLaunch = 64;
-struct PointerBatch {
-  const char* p[kPointersPerLaunch];
-  const char** dst;
-  int n;
-};
-
-__global__ void storePointersKernel(const __grid_constant__ PointerBatch b) {
-  if (static_cast<int>(threadIdx.x) < b.n) b.dst[threadIdx.x] = b.p[threadIdx.x];
 }
 
 // Padding: range i is (first row, row count) at ranges[2i]; blockIdx.y walks the ranges and the
@@ -374,17 +360,11 @@ fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
   constexpr int V = 16 / Elem<kDt>::kSize;
   static const int perSmVec = residentPerSm(finalSumKernel<kDt, V>, kSumThreads);
   static const int perSmOne = residentPerSm(finalSumKernel<kDt, 1>, kSumThreads);
-  if (f.basesAlignedAt != nullptr) {
-    // The bases are known on the device only: both variants are launched, one of them runs.
-    if (shape)
-      finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden, 1);
-    finalSumKernel<kDt, 1>
-        <<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden, shape ? 2 : 0);
-  } else if (shape && f.basesAligned) {
-    finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden, 0);
-  } else {
-    finalSumKernel<kDt, 1><<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden, 0);
-  }
+  // The bases' alignment is known on the device only: both variants are launched, one runs.
+  if (shape)
+    finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden, 1);
+  finalSumKernel<kDt, 1>
+      <<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden, shape ? 2 : 0);
   return launchResult("launching the combine sum kernel");
 }
 
@@ -466,19 +446,6 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSu
       return FUSCO_FAIL(fuscoInternalError, kEngine, "final sums of datatype %d",
                         static_cast<int>(dt));
   }
-}
-
-fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n,
-                                  void* stream) {
-  for (size_t at = 0; at < n; at += kPointersPerLaunch) {
-    PointerBatch b{};
-    b.dst = dst + at;
-    b.n = static_cast<int>(std::min<size_t>(kPointersPerLaunch, n - at));
-    for (int i = 0; i < b.n; ++i) b.p[i] = ptrs[at + i];
-    storePointersKernel<<<1, kPointersPerLaunch, 0, static_cast<cudaStream_t>(stream)>>>(b);
-    FUSCO_CHECK(launchResult("launching the pointer store kernel"));
-  }
-  return fuscoSuccess;
 }
 
 fuscoResult_t deviceZeroRowRanges(void* base, size_t rowBytes, const int64_t* ranges, size_t n,

@@ -63,10 +63,12 @@ inline DevCopyTask flatCopyTask(const void* src, void* dst, uint64_t bytes) {
 // fp32 accumulation from +0 in term order, multiply and add rounded separately, where row = row
 // termRow[k] of bases[termRank[k]] (a device array of the ranks' mapped expert outputs) and
 // w = weights[termWeight[k]], or the row itself when termWeight < 0 or weights is null. A token
-// without terms gets zeros. basesAligned: every base is 16-byte aligned (checked by the caller).
+// without terms gets zeros. The bases are filled after the launch (engine_async.h), with
+// basesAligned, a device-visible word the kernels read: 1 when every base is 16-byte aligned, 2
+// when not, 0 when the operation never resolved (the kernels read nothing).
 struct DevFinalSum {
   const char* const* bases = nullptr;
-  bool basesAligned = false;
+  const uint32_t* basesAligned = nullptr;
   const uint32_t* termStart = nullptr;
   const uint32_t* termRank = nullptr;
   const int64_t* termRow = nullptr;
@@ -75,17 +77,8 @@ struct DevFinalSum {
   const float* weights = nullptr;
   char* out = nullptr;
   uint64_t ntokens = 0;
-  // Bases the progress thread fills after the launch (engine_async.h): a device-visible word read
-  // by the kernels instead of basesAligned: 1 when every base is 16-byte aligned, 2 when not, 0
-  // when the operation never resolved (the kernels read nothing).
-  const uint32_t* basesAlignedAt = nullptr;
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
-
-// Stores ptrs[0..n) to dst[0..n) in device memory, stream-ordered, the values carried in the
-// launches themselves (so the call never waits for the stream, as a copy from pageable memory may).
-fuscoResult_t deviceStorePointers(const char** dst, const char* const* ptrs, size_t n,
-                                  void* stream);
 
 // FUSCO_CUDA_SMS: multiprocessors the copy and sum kernels may use (0: all). Declared in
 // cuda_rt.cc, which every build compiles, so `fusco_info` lists it in builds without CUDA too.

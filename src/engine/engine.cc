@@ -244,7 +244,7 @@ fuscoResult_t OpRunner::resolve(DeviceTasks* out) {
   FUSCO_CHECK(rounds());
   std::vector<bool> moves(n_);
   for (int p = 0; p < n_; ++p) moves[p] = involved_[p] || p == me_ ? this->moves(p) : false;
-  if (!op_.validateOnly) FUSCO_CHECK(deviceTasks(c_, op_, mine_, theirs_, moves, offers_, out));
+  if (!op_.validateOnly) FUSCO_CHECK(deviceTasks(c_, op_, theirs_, moves, offers_, out));
   return pairVerdict();
 }
 

@@ -138,10 +138,9 @@ fuscoResult_t landing(Communicator& c, const Op& op, const std::vector<PairHeade
 
 }  // namespace
 
-fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
-                          const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
-                          const DeviceOffers& offers, DeviceTasks* out) {
-  (void)mine;
+fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& theirs,
+                          const std::vector<bool>& moves, const DeviceOffers& offers,
+                          DeviceTasks* out) {
   const int n = c.nranks(), me = c.rank();
   if (op.pullRun) return pullBases(c, op, theirs, moves, out);
   // a: one pass over every message, source rows straight into the final (or staged) rows.

@@ -37,8 +37,8 @@ struct DeviceTasks {
 };
 
 // moves[p]: the pair with p moves data.
-fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& mine,
-                          const std::vector<PairHeader>& theirs, const std::vector<bool>& moves,
-                          const DeviceOffers& offers, DeviceTasks* out);
+fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& theirs,
+                          const std::vector<bool>& moves, const DeviceOffers& offers,
+                          DeviceTasks* out);
 
 }  // namespace fusco

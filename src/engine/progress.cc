@@ -85,11 +85,6 @@ void Progress::setIdleCheck(std::function<void()> check) {
   cv_.notify_all();
 }
 
-bool Progress::released() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return released_;
-}
-
 void Progress::release(fuscoResult_t r, const std::string& why) {
   std::lock_guard<std::mutex> g(mu_);
   releaseAll(r, why);

@@ -54,8 +54,6 @@ class Progress {
   // Released waits stay released: while they exist the thread writes their values again every
   // liveness period, since a live peer's stream may still post older values into the words.
   void releaseWaits();
-  // Every wait added since the comm broke is released at once.
-  bool released() const;
   // From now on the idle thread wakes every liveness period and runs `check` (a comm with
   // captured operations looks at its peers; progress.h's waits do not cover graph replays).
   void setIdleCheck(std::function<void()> check);

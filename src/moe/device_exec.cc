@@ -79,7 +79,7 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
     if (h.numTokens == 0) return fuscoSuccess;
     DevFinalSum f;
     f.bases = bases;
-    f.basesAlignedAt = basesAligned;
+    f.basesAligned = basesAligned;
     f.termStart = h.dev.termStart;
     f.termRank = h.dev.termRank;
     f.termRow = h.dev.termRow;
