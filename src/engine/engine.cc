@@ -260,15 +260,7 @@ void snapshotCall(Communicator& comm, Op& op) {
 // Runs op here and now (a host comm, or a CUDA comm's host-memory exchanges on its progress
 // thread).
 fuscoResult_t runOpNow(Communicator& comm, Op& op, bool* validation) {
-  OpRunner runner(comm, op);
-  fuscoResult_t r;
-  try {
-    r = runner.run();
-  } catch (const std::bad_alloc&) {
-    // Half an operation may be in the channels: the communicator is broken like on any failure.
-    r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", op.name);
-  }
-  *validation = r != fuscoSuccess && runner.failedValidation();
+  fuscoResult_t r = runGuarded(comm, op, validation, [](OpRunner& runner) { return runner.run(); });
   // Anything but an agreed validation failure may leave half an operation in the channels.
   if (r != fuscoSuccess && !*validation) comm.markBroken(r, threadLastError());
   return r;

@@ -252,19 +252,16 @@ void resolve(Communicator& c, Pending& pd) {
   } else if (!pd.op.firstInCall && pd.op.callSerial == c.asyncFailedCall()) {
     // An earlier operation of this call failed validation on every rank: every rank skips it.
   } else {
-    OpRunner runner(c, pd.op);
-    DeviceTasks t;
-    bool internal = false;
-    try {
-      r = runner.resolve(&t);
+    bool written = true;
+    r = runGuarded(c, pd.op, &validation, [&](OpRunner& runner) {
+      DeviceTasks t;
+      fuscoResult_t v = runner.resolve(&t);
       // Pairs that agreed move their data even when another pair of the operation did not.
       fuscoResult_t w = t.ready ? writeParams(*c.streamOps(), pd, t) : fuscoSuccess;
-      if (w != fuscoSuccess) r = w, internal = true;
-    } catch (const std::bad_alloc&) {
-      r = FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", pd.op.name);
-      internal = true;
-    }
-    validation = r != fuscoSuccess && !internal && runner.failedValidation();
+      written = w == fuscoSuccess;
+      return written ? v : w;
+    });
+    validation = validation && written;
     if (r != fuscoSuccess) {
       const std::string why = threadLastError();
       if (validation) {

@@ -111,6 +111,22 @@ class OpRunner {
   DeviceOffers offers_;
 };
 
+// Runs body(runner) with a runner made for op. Host memory running out anywhere in it (the runner's
+// own tables included) fails it like any other error; *validation: it failed validation on every
+// rank alike (the communicator stays usable).
+template <typename Body>
+fuscoResult_t runGuarded(Communicator& c, Op& op, bool* validation, Body body) {
+  *validation = false;
+  try {
+    OpRunner runner(c, op);
+    const fuscoResult_t r = body(runner);
+    *validation = r != fuscoSuccess && runner.failedValidation();
+    return r;
+  } catch (const std::bad_alloc&) {
+    return FUSCO_FAIL(fuscoSystemError, kEngine, "%s: out of host memory", op.name);
+  }
+}
+
 // Polls `step` until it reports done. Progress resets the no-progress clock; when nothing moves,
 // the loop yields the core, notices aborts and dead peers, and gives up after the timeout.
 template <typename Step>
@@ -138,8 +154,8 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
     if (now - lastLive >= livenessNs) {
       lastLive = now;
       for (int p : order_) {
-        if (!pending(p) || c_.conn(p).ops == nullptr) continue;
-        if (c_.conn(p).ops->checkPeer(c_.conn(p).tc, p) != fuscoSuccess) {
+        if (!pending(p)) continue;
+        if (c_.checkPeer(p) != fuscoSuccess) {
           std::string why = threadLastError();
           return FUSCO_FAIL(fuscoRemoteError, kEngine, "%s: %s during %s", op_.name, why.c_str(),
                             phase);

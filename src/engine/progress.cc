@@ -55,7 +55,15 @@ fuscoResult_t Progress::runSync(std::function<fuscoResult_t()> job) {
   std::promise<Outcome> done;
   std::future<Outcome> outcome = done.get_future();
   post([&job, &done] {
-    fuscoResult_t r = job();
+    fuscoResult_t r;
+    try {
+      r = job();
+    } catch (const std::exception& e) {
+      // The caller is told, then the thread's own handler breaks the comm.
+      done.set_value(
+          Outcome{fuscoInternalError, std::string("a progress job failed: ") + e.what()});
+      throw;
+    }
     done.set_value(Outcome{r, r == fuscoSuccess ? std::string() : threadLastError()});
   });
   Outcome o = outcome.get();
