@@ -149,14 +149,6 @@ fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stre
   return fuscoSuccess;
 }
 
-fuscoResult_t cudaCopyDeviceAsync(void* dst, const void* src, size_t bytes, void* stream) {
-  if (bytes == 0) return fuscoSuccess;
-  FUSCO_CUDACHECK(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
-      kEngine);
-  return fuscoSuccess;
-}
-
 void cudaDeviceSyncQuiet() {
   cudaDeviceSynchronize();
   cudaGetLastError();
@@ -277,7 +269,6 @@ fuscoResult_t cudaSetCurrent(int) { return notBuilt(); }
 bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamFlags(void*, const std::vector<StreamFlagOp>&) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
-fuscoResult_t cudaCopyDeviceAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaCopyAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }

@@ -43,8 +43,6 @@ fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void*
 // Copies bytes between any two buffers the device reaches (pinned host or device memory), on
 // `stream` (stream-ordered, no host wait).
 fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);
-// Copies bytes between two device buffers on `stream` (stream-ordered, no host wait).
-fuscoResult_t cudaCopyDeviceAsync(void* dst, const void* src, size_t bytes, void* stream);
 // Pinned host memory the device reads and writes directly (mapped): *host for this process,
 // *dev for kernels and stream memory operations. Safe to call while a stream of the process is
 // being captured into a CUDA graph.

@@ -79,7 +79,7 @@ const void* copyInPlaceSendSide(Communicator& comm, const void* buff, size_t byt
   if (comm.memType() == fuscoMemCuda) {
     char* p = nullptr;
     if (comm.scratchOn(kInPlaceScratch, bytes, stream, &p) != fuscoSuccess ||
-        cudaCopyDeviceAsync(p, buff, bytes, stream) != fuscoSuccess) {
+        cudaCopyAsync(p, buff, bytes, stream) != fuscoSuccess) {
       a->status = fuscoSystemError;
       a->message = "fuscoAllToAll: copying the send side of an in-place call: " + threadLastError();
       return buff;

@@ -280,11 +280,7 @@ fuscoResult_t Communicator::startAsync() {
   FUSCO_CHECK(deviceQueue_->init(static_cast<size_t>(paramCudaParamBytes()), streamOps_.get()));
   const int device = device_;
   progress_ = std::make_unique<Progress>(
-      ctx_.timeoutMs, paramLivenessMs(),
-      [self](int p) {
-        const PeerConn& pc = self->conns_[p];
-        return pc.ops ? pc.ops->checkPeer(pc.tc, p) : fuscoSuccess;
-      },
+      ctx_.timeoutMs, paramLivenessMs(), [self](int p) { return self->checkPeer(p); },
       [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); },
       [device] {
         if (device < 0) return;
@@ -372,8 +368,7 @@ void Communicator::noteCapture() {
 void Communicator::checkGraphPeers() {
   if (brokenResult() == fuscoSuccess) {
     for (int p = 0; p < nranks_; ++p) {
-      const PeerConn& pc = conns_[p];
-      if (p == rank_ || pc.ops == nullptr || pc.ops->checkPeer(pc.tc, p) == fuscoSuccess) continue;
+      if (p == rank_ || checkPeer(p) == fuscoSuccess) continue;
       std::string why = "rank " + std::to_string(p) + " failed: " + threadLastError();
       FUSCO_WARN(kEngine, "%s", why.c_str());
       markBroken(fuscoRemoteError, why);

@@ -82,6 +82,11 @@ class Communicator {
   size_t chunkBytes() const { return ctx_.chunkBytes; }
   int depth() const { return ctx_.depth; }
   const PeerConn& conn(int peer) const { return conns_[peer]; }
+  // fuscoSuccess while peer is alive (its transport's checkPeer; always for this rank itself).
+  fuscoResult_t checkPeer(int peer) const {
+    const PeerConn& pc = conns_[peer];
+    return pc.ops != nullptr ? pc.ops->checkPeer(pc.tc, peer) : fuscoSuccess;
+  }
   Bootstrap& bootstrap() { return *bootstrap_; }
   // The same on every rank of this communicator and different for every other one (it comes from
   // the unique id's secret): an order of communicators that every rank agrees on.

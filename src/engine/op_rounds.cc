@@ -56,14 +56,12 @@ void OpRunner::buildHeaders() {
   }
   if (op_.argStatus == fuscoSuccess) return;
   for (auto& h : mine_) {
-    h.status = op_.argStatus;
-    h.sendBytes.clear();
-    h.recvBytes.clear();
-    h.recvTokens.clear();
-    h.recvExtents.clear();
-    h.sendTokens.clear();
-    h.sendExtents.clear();
-    h.agree.clear();
+    PairHeader bad;  // nothing but who, which operation, and the failure
+    bad.kind = h.kind;
+    bad.call = h.call;
+    bad.seq = h.seq;
+    bad.status = op_.argStatus;
+    h = std::move(bad);
   }
 }
 

@@ -79,6 +79,13 @@ struct PeerInfo {
   uint64_t startTime = 0;  // for pid-reuse-safe liveness checks
 };
 
+// Length of the host name part of a host id (hostname/boot id/netns), for "%.*s" in messages
+// (no allocation on the error path).
+inline int hostNameLen(const std::string& hostId) {
+  size_t n = hostId.find('/');
+  return static_cast<int>(n == std::string::npos ? hostId.size() : n);
+}
+
 // Per-communicator facts a transport needs to set itself up.
 struct TransportContext {
   int rank = 0;

@@ -9,19 +9,13 @@
 #include <cstring>
 #include <new>
 
+#include "core/checked_math.h"
 #include "core/log.h"
 #include "core/result.h"
 
 namespace fusco {
 
 namespace {
-
-bool addOverflows(uint64_t a, uint64_t b, uint64_t* out) {
-  return __builtin_add_overflow(a, b, out);
-}
-bool mulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
-  return __builtin_mul_overflow(a, b, out);
-}
 
 void closeRetry(int fd) {
   if (fd >= 0) close(fd);  // never retry close on EINTR (Linux releases the fd anyway)
@@ -40,13 +34,13 @@ bool shmComputeLayout(uint32_t numRings, uint64_t depth, uint64_t chunkBytes, ui
   l.slotStride = shmAlignUp(chunkBytes == 0 ? 1 : chunkBytes, kShmPage);
   l.payloadOffset = shmAlignUp(sizeof(ShmRingCtrl) + depth * sizeof(ShmSlotHeader), kShmPage);
   uint64_t payloads = 0, ringsBytes = 0, end = 0;
-  if (mulOverflows(l.slotStride, depth, &payloads)) return false;
-  if (addOverflows(l.payloadOffset, payloads, &l.ringStride)) return false;
+  if (!checkedMul(l.slotStride, depth, &payloads)) return false;
+  if (!checkedAdd(l.payloadOffset, payloads, &l.ringStride)) return false;
   l.ringsOffset = shmAlignUp(senderTableOffset() + sizeof(int32_t) * uint64_t(numRings), kShmPage);
-  if (mulOverflows(l.ringStride, numRings, &ringsBytes)) return false;
-  if (addOverflows(l.ringsOffset, ringsBytes, &l.arenaOffset)) return false;
+  if (!checkedMul(l.ringStride, numRings, &ringsBytes)) return false;
+  if (!checkedAdd(l.ringsOffset, ringsBytes, &l.arenaOffset)) return false;
   l.arenaBytes = shmAlignUp(arenaBytes, kShmPage);
-  if (addOverflows(l.arenaOffset, l.arenaBytes, &end)) return false;
+  if (!checkedAdd(l.arenaOffset, l.arenaBytes, &end)) return false;
   l.segBytes = end;
   *out = l;
   return true;

@@ -55,14 +55,6 @@ struct ShmComm {
 
 ShmComm* asShm(TransportComm* tc) { return reinterpret_cast<ShmComm*>(tc); }
 
-// The host name part of a host id (hostname/boot id/netns), for messages.
-// Length of the host name part of a host id (hostname/boot id/netns), for "%.*s" in messages
-// (no allocation on the error path).
-int hostNameLen(const std::string& hostId) {
-  size_t n = hostId.find('/');
-  return static_cast<int>(n == std::string::npos ? hostId.size() : n);
-}
-
 // The connected peer `peer`, or nullptr after logging an internal error into *r.
 ShmPeer* connectedPeer(ShmComm* c, int peer, const char* what, fuscoResult_t* r) {
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) {

@@ -102,7 +102,7 @@ void markFailed(UcxComm* c, int peer, ucs_status_t st) {
 
 fuscoResult_t peerError(UcxComm* c, int peer) {
   const UcxPeer& p = c->peers[peer];
-  int hl = static_cast<int>(std::min(p.info.hostId.find('/'), p.info.hostId.size()));
+  const int hl = hostNameLen(p.info.hostId);
   if (p.aborted)
     return FUSCO_FAIL(fuscoRemoteError, kUcx, "rank %d (pid %d on host %.*s) aborted: %s", peer,
                       static_cast<int>(p.info.pid), hl, p.info.hostId.c_str(),

@@ -271,7 +271,7 @@ fuscoResult_t ucxCheckPeer(TransportComm* tc, int peer) {
   const PeerInfo& me = c->peers[c->rank].info;
   if (p.info.pid > 0 && p.info.hostId == me.hostId && !processAlive(p.info.pid, p.info.startTime)) {
     ucx::markFailed(c, peer, UCS_ERR_ENDPOINT_TIMEOUT);
-    int hl = static_cast<int>(std::min(p.info.hostId.find('/'), p.info.hostId.size()));
+    const int hl = hostNameLen(p.info.hostId);
     return FUSCO_FAIL(fuscoRemoteError, kUcx, "rank %d (pid %d on host %.*s) died", peer,
                       static_cast<int>(p.info.pid), hl, p.info.hostId.c_str());
   }
