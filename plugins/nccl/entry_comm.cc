@@ -217,10 +217,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   fuscoResult_t fe = fuscoSuccess;
   r = fromFusco(c, fuscoCommGetAsyncError(c->fc, &fe), "ncclCommGetAsyncError");
   if (r != ncclSuccess) return r;
-  if (fe != fuscoSuccess) fromFusco(c, fe, "the communicator");
-  *asyncError = c->asyncError != ncclSuccess
-                    ? c->asyncError
-                    : (fe == fuscoTimeout ? ncclRemoteError : static_cast<ncclResult_t>(fe));
+  const ncclResult_t mapped = fromFusco(c, fe, "the communicator");
+  *asyncError = c->asyncError != ncclSuccess ? c->asyncError : mapped;
   return ncclSuccess;
 }
 

@@ -68,10 +68,14 @@ ncclResult_t standaloneInit(ncclComm_t* comm, int nranks, const ncclUniqueId& id
 
 ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newcomm) {
   const int n = parent->nranks;
+  // A rank with bad arguments still joins both exchanges, in no new communicator, so its peers
+  // finish their split instead of waiting for it.
+  ncclResult_t bad = ncclSuccess;
   if (newcomm == nullptr)
-    return fail(parent, ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
-  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
-    return fail(parent, ncclInvalidArgument, "ncclCommSplit: color %d is negative", color);
+    bad = fail(parent, ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+  else if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    bad = fail(parent, ncclInvalidArgument, "ncclCommSplit: color %d is negative", color);
+  if (bad != ncclSuccess) color = NCCL_SPLIT_NOCOLOR;
   std::vector<int32_t> mine(2 * static_cast<size_t>(n)), all(2 * static_cast<size_t>(n));
   for (int p = 0; p < n; ++p) mine[2 * p] = color, mine[2 * p + 1] = key;
   ncclResult_t r = fromFusco(parent, hostAllToAll(parent, mine.data(), all.data(), 8),
@@ -99,6 +103,7 @@ ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newco
   ncclResult_t xr =
       fromFusco(parent, hostAllToAll(parent, ids.data(), got.data(), sizeof(fuscoUniqueId)),
                 "ncclCommSplit (sending the new id)");
+  if (bad != ncclSuccess) return bad;
   if (r != ncclSuccess || xr != ncclSuccess) return r != ncclSuccess ? r : xr;
   if (color == NCCL_SPLIT_NOCOLOR) {
     *newcomm = nullptr;

@@ -198,6 +198,31 @@ void logServed(Comm* c) {
         static_cast<void*>(c), c->rank, c->nranks, mem);
 }
 
+// toFusco and fromFusco cast: fusco.h numbers its datatypes and results as nccl.h does.
+static_assert(ncclInt8 == static_cast<int>(fuscoInt8) &&
+                  ncclUint8 == static_cast<int>(fuscoUint8) &&
+                  ncclInt32 == static_cast<int>(fuscoInt32) &&
+                  ncclUint32 == static_cast<int>(fuscoUint32) &&
+                  ncclInt64 == static_cast<int>(fuscoInt64) &&
+                  ncclUint64 == static_cast<int>(fuscoUint64) &&
+                  ncclFloat16 == static_cast<int>(fuscoFloat16) &&
+                  ncclFloat32 == static_cast<int>(fuscoFloat32) &&
+                  ncclFloat64 == static_cast<int>(fuscoFloat64) &&
+                  ncclBfloat16 == static_cast<int>(fuscoBfloat16) &&
+                  ncclFloat8e4m3 == static_cast<int>(fuscoFloat8e4m3) &&
+                  ncclFloat8e5m2 == static_cast<int>(fuscoFloat8e5m2) &&
+                  ncclNumTypes == static_cast<int>(fuscoNumTypes),
+              "fusco.h's datatypes are nccl.h's");
+static_assert(ncclSuccess == static_cast<int>(fuscoSuccess) &&
+                  ncclUnhandledCudaError == static_cast<int>(fuscoUnhandledCudaError) &&
+                  ncclSystemError == static_cast<int>(fuscoSystemError) &&
+                  ncclInternalError == static_cast<int>(fuscoInternalError) &&
+                  ncclInvalidArgument == static_cast<int>(fuscoInvalidArgument) &&
+                  ncclInvalidUsage == static_cast<int>(fuscoInvalidUsage) &&
+                  ncclRemoteError == static_cast<int>(fuscoRemoteError) &&
+                  ncclInProgress == static_cast<int>(fuscoInProgress),
+              "fusco.h's results are nccl.h's (fuscoTimeout is mapped to ncclRemoteError)");
+
 fuscoDataType_t toFusco(ncclDataType_t t) { return static_cast<fuscoDataType_t>(t); }
 fuscoMemType_t commMemType() { return global().memType; }
 
