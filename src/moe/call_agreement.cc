@@ -11,17 +11,7 @@ namespace fusco {
 
 namespace {
 
-std::string showDedup(uint64_t v) {
-  switch (static_cast<int>(v)) {
-    case FUSCO_DEDUP_NONE:
-      return "NONE";
-    case FUSCO_DEDUP_RANK:
-      return "RANK";
-    case FUSCO_DEDUP_NODE:
-      return "NODE";
-  }
-  return std::to_string(v);
-}
+std::string showDedup(uint64_t v) { return dedupName(static_cast<Dedup>(v)); }
 
 std::string showDigest(uint64_t v) {
   char buf[32];

@@ -129,15 +129,22 @@ fuscoResult_t exchangeWords(Communicator& c, const char* name, const ArgCheck& a
   }
   FUSCO_CHECK(exchange(c, name, a, s, r));
   in->assign(n, {});
+  // A peer that announced too many words fails this rank's part of the second exchange, which it
+  // still joins, so every rank fails the same call with the reason.
+  ArgCheck b = a;
   for (int p = 0; p < n; ++p) {
-    if (theirSizes[p] > kMaxPlanWords)
-      return FUSCO_FAIL(fuscoRemoteError, kPlan, "%s: rank %d announced %llu words", name, p,
-                        static_cast<unsigned long long>(theirSizes[p]));
+    if (theirSizes[p] > kMaxPlanWords) {
+      if (b.ok())
+        joinFailure(FUSCO_FAIL(fuscoRemoteError, kPlan, "%s: rank %d announced %llu words", name, p,
+                               static_cast<unsigned long long>(theirSizes[p])),
+                    &b);
+      continue;
+    }
     (*in)[p].resize(theirSizes[p]);
     s[p] = RowStream::flat(out[p].data(), out[p].size() * sizeof(int32_t));
     r[p] = RowStream::flat((*in)[p].data(), theirSizes[p] * sizeof(int32_t));
   }
-  return exchange(c, name, a, s, r);
+  return exchange(c, name, b, s, r);
 }
 
 }  // namespace fusco

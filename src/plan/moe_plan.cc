@@ -16,18 +16,6 @@ namespace {
 // kSlots is uint8_t: a token's slot index must fit.
 constexpr int kMaxTopk = 255;
 
-const char* dedupName(Dedup d) {
-  switch (d) {
-    case Dedup::None:
-      return "NONE";
-    case Dedup::Rank:
-      return "RANK";
-    case Dedup::Node:
-      return "NODE";
-  }
-  return "?";
-}
-
 // Rows and slot totals per destination, for exact reservations. Branch-free per slot: a token's
 // later slots on a rank it already has add a slot but no row.
 struct SendCount {
@@ -162,6 +150,18 @@ fuscoResult_t scanMeta(int rank, int s, const std::vector<int32_t>& meta, int nu
 }
 
 }  // namespace
+
+const char* dedupName(Dedup d) {
+  switch (d) {
+    case Dedup::None:
+      return "NONE";
+    case Dedup::Rank:
+      return "RANK";
+    case Dedup::Node:
+      return "NODE";
+  }
+  return "?";
+}
 
 FUSCO_PARAM_INT(PlanTrace, "FUSCO_PLAN_TRACE", 0, 0, 1,
                 "1: log one line per MoE plan (rows, bytes, dedup), whatever the log level");

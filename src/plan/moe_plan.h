@@ -29,6 +29,8 @@ enum class Dedup : int {
   Rank = FUSCO_DEDUP_RANK,
   Node = FUSCO_DEDUP_NODE
 };
+// "NONE", "RANK", "NODE" (for messages).
+const char* dedupName(Dedup d);
 
 // Runtime limits of the MoE config (docs/API.md, "MoE dispatch and combine"). A plan's own memory
 // grows with numExperts (placement tables, per-expert counters), so it is bounded; padding costs
