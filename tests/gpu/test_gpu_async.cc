@@ -38,12 +38,6 @@ constexpr double kEnqueueSec = 0.010;  // a call on any other rank returns withi
 
 void sleepSec(double sec) { std::this_thread::sleep_for(std::chrono::duration<double>(sec)); }
 
-// A uniform (contiguous, `count` elements of 4 bytes to every peer) layout.
-A2avLayout uniformLayout(int rank, size_t count, uint64_t seed) {
-  return makeA2avLayout(fusco::test::uniformCountMatrix(kRanks, count), kRanks, rank, 4, seed,
-                        false);
-}
-
 fuscoResult_t allToAll(fuscoComm_t comm, const A2avLayout& l, const DevBuf& send,
                        const DevBuf& recv, cudaStream_t s) {
   return fuscoAllToAll(send.get(), recv.get(), l.sendcounts[0], fuscoInt32, comm, s);
@@ -86,7 +80,7 @@ TEST(GpuAsync, AllToAllReturnsAtOnceWhileAPeerIsLate) {
   const uint64_t seed = fusco::test::testSeed();
   runGpuRanksOnStream(kRanks, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
     const cudaStream_t s = stream.get();
-    const A2avLayout l = uniformLayout(ctx.rank, 65537, seed);
+    const A2avLayout l = fusco::test::uniformLayout(kRanks, ctx.rank, 65537, 4, seed);
     DevBuf send = sendBufFor(comm, l, seed), recv = recvBufFor(comm, l);
     // Warm-up on the same buffers, so connection setup and mappings do not count.
     FUSCO_ASSERT_OK(comm, allToAll(comm, l, send, recv, s));
@@ -301,7 +295,7 @@ TEST(GpuAsync, IdleProgressThreadUsesNoCpu) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
   runGpuRanksOnStream(kRanks, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
-    const A2avLayout l = uniformLayout(ctx.rank, 65537, seed);
+    const A2avLayout l = fusco::test::uniformLayout(kRanks, ctx.rank, 65537, 4, seed);
     // A completed call (synchronized inside): its waits are satisfied, nothing is queued.
     ASSERT_TRUE(
         gpuAllToAllChecked(comm, l, fuscoInt32, seed, Mem::Cuda, Mem::Cuda, true, stream.get()));
@@ -325,7 +319,8 @@ TEST(GpuAsync, AllToAllEnqueueTakesUnderAMillisecond) {
   runGpuRanksOnStream(kRanks, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
     constexpr int kCalls = 50;
     const cudaStream_t s = stream.get();
-    const A2avLayout l = uniformLayout(ctx.rank, (1 << 20) / 4, seed);  // 1 MiB to every peer
+    const A2avLayout l = fusco::test::uniformLayout(kRanks, ctx.rank, (1 << 20) / 4, 4,
+                                                    seed);  // 1 MiB to every peer
     DevBuf send = sendBufFor(comm, l, seed), recv = recvBufFor(comm, l, Mem::Arena);
     FUSCO_ASSERT_OK(comm, allToAll(comm, l, send, recv, s));  // warm-up
     CUDA_ASSERT_OK(cudaStreamSynchronize(s));

@@ -186,8 +186,7 @@ A2aCall a2aCall(fuscoComm_t comm, const A2avLayout& l, fuscoDataType_t dt, bool 
 }
 
 A2avLayout uniformLayout(const RankCtx& ctx, size_t count, size_t esize) {
-  return makeA2avLayout(fusco::test::uniformCountMatrix(ctx.nranks, count), ctx.nranks, ctx.rank,
-                        esize, 0, false);
+  return fusco::test::uniformLayout(ctx.nranks, ctx.rank, count, esize);
 }
 
 std::string describe(const A2aCall& c) {

@@ -213,6 +213,10 @@ std::vector<size_t> randomCountMatrix(uint64_t seed, int n, size_t maxCount, int
   return c;
 }
 
+A2avLayout uniformLayout(int n, int rank, size_t count, size_t esize, uint64_t seed) {
+  return makeA2avLayout(uniformCountMatrix(n, count), n, rank, esize, seed, false);
+}
+
 std::vector<size_t> uniformCountMatrix(int n, size_t count) {
   return std::vector<size_t>(static_cast<size_t>(n) * n, count);
 }

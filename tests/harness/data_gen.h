@@ -70,6 +70,8 @@ struct A2avLayout {
 // random peer order (seeded per rank); otherwise block j at j-th position, contiguous.
 A2avLayout makeA2avLayout(const std::vector<size_t>& counts, int n, int rank, size_t esize,
                           uint64_t seed, bool gaps);
+// count elements of esize bytes to and from every peer, blocks back to back (no gaps).
+A2avLayout uniformLayout(int n, int rank, size_t count, size_t esize, uint64_t seed = 0);
 // Fills the send blocks with payload (rank -> peer) and the gaps with kFiller.
 void fillSend(const A2avLayout& l, void* sendbuff, uint64_t seed);
 // Poisons the whole receive buffer.

@@ -186,16 +186,17 @@ TEST(MoeDispatchAgreement, RowBytesDifferingOnOneRankFailsEveryRankPromptlyAndCo
     FUSCO_ASSERT_OK(comm, fuscoMoePlan(&h, comm, &m, s.p.topkIdx[ctx.rank].data(),
                                        s.p.numTokens[ctx.rank], s.c.topk, nullptr));
     const size_t recvRows = s.d.numRecvRows[ctx.rank];
-    std::vector<uint8_t> recv(recvRows * 32 + 64, 0xA5);
+    std::vector<uint8_t> recv(recvRows * 32 + 64);
+    fusco::test::poison(recv.data(), recv.size());
     const bool isOdd = ctx.rank == kOddRank;
     const double t0 = nowSec();
     fuscoResult_t r =
         fuscoMoeDispatch(h, s.x[ctx.rank].data(), isOdd ? 16 : 32, recv.data(), nullptr);
     expectDisagreement(comm, ctx, r, nowSec() - t0, "rowBytes", isOdd ? "16" : "32",
                        isOdd ? "32" : "16");
-    size_t written = 0;
-    for (uint8_t b : recv) written += b != 0xA5;
-    EXPECT_EQ(written, 0u) << "a failed dispatch wrote bytes";
+    EXPECT_TRUE(
+        fusco::test::isPoisoned(recv.data(), recv.size(), "recvX after the failed dispatch"))
+        << "a failed dispatch wrote bytes";
     FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, s.x[ctx.rank].data(), 32, recv.data(), nullptr));
     FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
     expectUsable(comm, ctx, "rowBytes differing in dispatch");
