@@ -92,17 +92,8 @@ TEST(ManyComms, HundredCreateDestroyCyclesLeakNothing) {
           FUSCO_EXPECT_OK(c, fuscoCommDestroy(c));
         }
         Usage after = fusco::test::measureResources();
-        if (ctx.rank == 0)
-          printf(
-              "[many-comms] rank 0 over %d cycles: RSS %ld -> %ld KiB, fds %d -> %d, fusco shm "
-              "mappings %d -> %d, /dev/shm fusco entries %zu -> %zu\n",
-              kCycles, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
-              after.shmMaps, before.shmNames, after.shmNames);
-        fflush(stdout);  // rank processes end with _exit
-        EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
-        EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
-        EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings were left behind";
-        EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
+        fusco::test::expectBoundedGrowth("many-comms", std::to_string(kCycles) + " cycles",
+                                         ctx.rank == 0, before, after);
         FUSCO_EXPECT_OK(keeper, fuscoCommDestroy(keeper));
       },
       opt);

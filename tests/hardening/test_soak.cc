@@ -110,17 +110,8 @@ TEST(Soak, TenThousandChangingMoeRoundsLeakNothingAndStayExact) {
         }
         EXPECT_EQ(done, iters) << "stopped at the first failing round";
         Resources after = measureResources();
-        if (ctx.rank == 0)
-          printf(
-              "[soak] rank 0: %d rounds; RSS %ld -> %ld KiB, fds %d -> %d, fusco shm mappings "
-              "%d -> %d, /dev/shm fusco entries %zu -> %zu\n",
-              done, before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
-              after.shmMaps, before.shmNames, after.shmNames);
-        fflush(stdout);  // rank processes end with _exit
-        EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
-        EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
-        EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings changed";
-        EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
+        fusco::test::expectBoundedGrowth("soak", std::to_string(done) + " rounds", ctx.rank == 0,
+                                         before, after);
         FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
       },
       opt);

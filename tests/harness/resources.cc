@@ -1,6 +1,7 @@
 #include "harness/resources.h"
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,6 +31,21 @@ Resources measureResources() {
     if (line.find("fusco-shm") != std::string::npos) ++r.shmMaps;
   r.shmNames = fuscoShmEntries().size();
   return r;
+}
+
+void expectBoundedGrowth(const char* tag, const std::string& what, bool print,
+                         const Resources& before, const Resources& after) {
+  if (print)
+    printf(
+        "[%s] rank 0: %s; RSS %ld -> %ld KiB, fds %d -> %d, fusco shm mappings %d -> %d, "
+        "/dev/shm fusco entries %zu -> %zu\n",
+        tag, what.c_str(), before.rssKiB, after.rssKiB, before.fds, after.fds, before.shmMaps,
+        after.shmMaps, before.shmNames, after.shmNames);
+  fflush(stdout);  // rank processes end with _exit
+  EXPECT_LE(after.rssKiB - before.rssKiB, 8 * 1024) << "resident memory grew (KiB)";
+  EXPECT_LE(after.fds - before.fds, 2) << "open file descriptors grew";
+  EXPECT_EQ(after.shmMaps, before.shmMaps) << "fusco shared-memory mappings were left behind";
+  EXPECT_LE(after.shmNames, before.shmNames) << "/dev/shm fusco entries appeared";
 }
 
 }  // namespace fusco::test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace fusco::test {
 
@@ -14,5 +15,11 @@ struct Resources {
 };
 
 Resources measureResources();
+
+// After many rounds: prints the figures (when print; `tag` and `what` name the test and its
+// rounds), then expects resident memory to grow by at most 8 MiB, descriptors by at most 2, the
+// fusco shared segments mapped to be the same and no /dev/shm fusco entry to appear.
+void expectBoundedGrowth(const char* tag, const std::string& what, bool print,
+                         const Resources& before, const Resources& after);
 
 }  // namespace fusco::test
