@@ -6,6 +6,7 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "device/device_ops.h"
+#include "device/device_plan_ops.h"
 
 #ifdef FUSCO_HAVE_CUDA
 #include <cuda.h>
@@ -303,6 +304,11 @@ fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*)
 fuscoResult_t deviceZeroRowRanges(void*, size_t, const int64_t*, size_t, int64_t, void*) {
   return notBuilt();
 }
+fuscoResult_t devicePlanSend(const gplan::SendArgs&, void*) { return notBuilt(); }
+fuscoResult_t devicePlanTermRows(const gplan::SendArgs&, const int64_t*, void*) {
+  return notBuilt();
+}
+fuscoResult_t devicePlanRecv(const gplan::RecvArgs&, void*) { return notBuilt(); }
 
 #endif
 

@@ -1,0 +1,112 @@
+// The GPU planner's kernels (device_plan_ops.h): each step of plan_steps.h is one grid-stride
+// launch with one thread per item, and each segmented scan one block per segment, tile after tile
+// (cub::BlockScan), so every list is in the same deterministic order as the host planner's.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cub/block/block_scan.cuh>
+
+#include "core/cuda_check.h"
+#include "core/result.h"
+#include "device/device_plan_ops.h"
+
+namespace fusco {
+
+namespace {
+
+constexpr int kStepThreads = 256;
+constexpr int kScanThreads = 256;
+constexpr int kScanItems = 4;
+constexpr uint64_t kMaxStepBlocks = 4096;
+
+template <typename F>
+__global__ void __launch_bounds__(kStepThreads)
+    forEachKernel(const F f, uint64_t n, const uint32_t* dynCount) {
+  if (dynCount != nullptr) n = min(n, static_cast<uint64_t>(*dynCount));
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    f(i);
+}
+
+__global__ void __launch_bounds__(kScanThreads)
+    scanKernel(uint32_t* data, uint64_t segLen, uint32_t* totals) {
+  using BlockScan = cub::BlockScan<uint32_t, kScanThreads>;
+  __shared__ typename BlockScan::TempStorage tmp;
+  __shared__ uint32_t carry;
+  uint32_t* seg = data + blockIdx.x * segLen;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  constexpr uint64_t kTile = kScanThreads * kScanItems;
+  for (uint64_t base = 0; base < segLen; base += kTile) {
+    uint32_t v[kScanItems];
+    const uint64_t first = base + threadIdx.x * kScanItems;
+#pragma unroll
+    for (int i = 0; i < kScanItems; ++i) v[i] = first + i < segLen ? seg[first + i] : 0;
+    uint32_t tile = 0;
+    BlockScan(tmp).ExclusiveSum(v, v, tile);
+    const uint32_t c = carry;
+#pragma unroll
+    for (int i = 0; i < kScanItems; ++i)
+      if (first + i < segLen) seg[first + i] = v[i] + c;
+    __syncthreads();  // every thread read carry and tmp before they change
+    if (threadIdx.x == 0) carry = c + tile;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) totals[blockIdx.x] = carry;
+}
+
+// Runs the steps on one stream; the first failure sticks and later steps are skipped.
+class DeviceExec {
+ public:
+  explicit DeviceExec(void* stream) : s_(static_cast<cudaStream_t>(stream)) {}
+  template <typename F>
+  void forEach(uint64_t n, const uint32_t* dynCount, const F& f) {
+    if (n == 0 || result_ != fuscoSuccess) return;
+    const uint64_t blocks =
+        std::min<uint64_t>((n + kStepThreads - 1) / kStepThreads, kMaxStepBlocks);
+    forEachKernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, s_>>>(f, n, dynCount);
+    check("a GPU planner step");
+  }
+  void scan(uint32_t* data, uint64_t nseg, uint64_t segLen, uint32_t* totals) {
+    if (nseg == 0 || result_ != fuscoSuccess) return;
+    scanKernel<<<static_cast<unsigned>(nseg), kScanThreads, 0, s_>>>(data, segLen, totals);
+    check("a GPU planner scan");
+  }
+  void zero(void* p, size_t bytes) {
+    if (bytes == 0 || result_ != fuscoSuccess) return;
+    cudaError_t e = cudaMemsetAsync(p, 0, bytes, s_);
+    if (e != cudaSuccess) result_ = FUSCO_CUDA_FAIL(e, kPlan, "cudaMemsetAsync (GPU planner)");
+  }
+  fuscoResult_t result() const { return result_; }
+
+ private:
+  void check(const char* what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) result_ = FUSCO_CUDA_FAIL(e, kPlan, what);
+  }
+  cudaStream_t s_;
+  fuscoResult_t result_ = fuscoSuccess;
+};
+
+}  // namespace
+
+fuscoResult_t devicePlanSend(const gplan::SendArgs& a, void* stream) {
+  DeviceExec x(stream);
+  gplan::planSendSteps(x, a);
+  return x.result();
+}
+
+fuscoResult_t devicePlanTermRows(const gplan::SendArgs& a, const int64_t* remoteFan, void* stream) {
+  DeviceExec x(stream);
+  gplan::planTermRowSteps(x, a, remoteFan);
+  return x.result();
+}
+
+fuscoResult_t devicePlanRecv(const gplan::RecvArgs& a, void* stream) {
+  DeviceExec x(stream);
+  gplan::planRecvSteps(x, a);
+  return x.result();
+}
+
+}  // namespace fusco

@@ -1,0 +1,122 @@
+// The GPU planner's buffer layout and its host twin (device_plan_ops.h): the steps of
+// plan_steps.h run as sequential loops, with the same scans, so the twin's lists are the ones the
+// kernels write.
+#include <algorithm>
+#include <cstring>
+
+#include "device/device_plan_ops.h"
+
+namespace fusco {
+
+namespace {
+
+// Places arrays in one buffer, 16-byte aligned; with a null base it only measures.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* take(uint64_t count) {
+    const size_t off = at_;
+    at_ += (count * sizeof(T) + 15) / 16 * 16;
+    return base_ ? reinterpret_cast<T*>(base_ + off) : nullptr;
+  }
+  size_t bytes() const { return at_; }
+
+ private:
+  char* base_;
+  size_t at_ = 0;
+};
+
+struct HostExec {
+  template <typename F>
+  void forEach(uint64_t n, const uint32_t* dynCount, const F& f) {
+    if (dynCount != nullptr) n = std::min<uint64_t>(n, *dynCount);
+    for (uint64_t i = 0; i < n; ++i) f(i);
+  }
+  void scan(uint32_t* data, uint64_t nseg, uint64_t segLen, uint32_t* totals) {
+    for (uint64_t s = 0; s < nseg; ++s) {
+      uint32_t sum = 0;
+      for (uint64_t i = 0; i < segLen; ++i) {
+        const uint32_t v = data[s * segLen + i];
+        data[s * segLen + i] = sum;
+        sum += v;
+      }
+      totals[s] = sum;
+    }
+  }
+  void zero(void* p, size_t bytes) {
+    if (bytes > 0) memset(p, 0, bytes);
+  }
+};
+
+}  // namespace
+
+size_t carvePlanSend(char* base, uint64_t numTokens, uint32_t topk, uint32_t nranks,
+                     gplan::SendArgs* a) {
+  Carver c(base);
+  const uint64_t slots = numTokens * topk;
+  a->rowsTR = c.take<uint32_t>(nranks * numTokens);
+  a->slotsTR = c.take<uint32_t>(nranks * numTokens);
+  a->rowOff = c.take<uint32_t>(nranks + 1);
+  a->slotOff = c.take<uint32_t>(nranks + 1);
+  a->badSlot = c.take<unsigned long long>(1);
+  a->termSrc = c.take<uint32_t>(slots);
+  a->rows = c.take<int64_t>(slots);
+  a->meta = c.take<int32_t>(2 * slots);
+  a->kStart = c.take<uint32_t>(slots + nranks);
+  a->kSlots = c.take<uint8_t>(slots);
+  a->local = c.take<int32_t>(slots);
+  a->weightIdx = c.take<int64_t>(slots);
+  a->termStart = c.take<uint32_t>(numTokens + 1);
+  a->termRank = c.take<uint32_t>(slots);
+  a->termWeight = c.take<int64_t>(slots);
+  a->termLast = c.take<uint8_t>(slots);
+  a->termRow = c.take<int64_t>(slots);
+  return c.bytes();
+}
+
+size_t carvePlanRecv(char* base, uint32_t nranks, uint32_t numLocal, uint64_t maxEntries,
+                     uint64_t maxRows, gplan::RecvArgs* a) {
+  // At most 2^24 (expert, chunk) counters, and chunks of at least 256 entries.
+  constexpr uint64_t kMaxTable = 1u << 24, kMinChunk = 256;
+  const uint64_t local = std::max<uint32_t>(numLocal, 1);
+  const uint64_t byTable = std::max<uint64_t>(kMaxTable / local, 1);
+  uint64_t chunks = std::min<uint64_t>((maxEntries + kMinChunk - 1) / kMinChunk, byTable);
+  chunks = std::max<uint64_t>(chunks, 1);
+  a->maxEntries = maxEntries;
+  a->maxRows = maxRows;
+  a->chunk = static_cast<uint32_t>(std::max<uint64_t>((maxEntries + chunks - 1) / chunks, 1));
+  a->maxChunks = static_cast<uint32_t>(chunks);
+  Carver c(base);
+  a->rowOffFrom = c.take<uint32_t>(nranks + 1);
+  a->entryOff = c.take<uint32_t>(nranks + 1);
+  a->hist = c.take<uint32_t>(local * chunks);
+  a->expertCount = c.take<uint32_t>(local);
+  a->padded = c.take<uint32_t>(local);
+  a->padFlag = c.take<uint32_t>(local);
+  a->totals = c.take<uint32_t>(2);
+  a->errors = c.take<uint32_t>(1);
+  a->tokensPerLocal = c.take<int64_t>(local);
+  a->blockStart = c.take<int64_t>(local);
+  a->padding = c.take<int64_t>(2 * local);
+  a->fanStart = c.take<uint32_t>(maxRows + nranks);
+  a->fanRows = c.take<int64_t>(maxEntries);
+  return c.bytes();
+}
+
+void hostPlanSend(const gplan::SendArgs& a) {
+  HostExec x;
+  gplan::planSendSteps(x, a);
+}
+
+void hostPlanTermRows(const gplan::SendArgs& a, const int64_t* remoteFan) {
+  HostExec x;
+  gplan::planTermRowSteps(x, a, remoteFan);
+}
+
+void hostPlanRecv(const gplan::RecvArgs& a) {
+  HostExec x;
+  gplan::planRecvSteps(x, a);
+}
+
+}  // namespace fusco
