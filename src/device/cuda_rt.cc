@@ -309,6 +309,10 @@ fuscoResult_t devicePlanTermRows(const gplan::SendArgs&, const int64_t*, void*) 
   return notBuilt();
 }
 fuscoResult_t devicePlanRecv(const gplan::RecvArgs&, void*) { return notBuilt(); }
+fuscoResult_t devicePlanLayout(const gplan::RecvArgs&, void*) { return notBuilt(); }
+fuscoResult_t devicePlanFan(const gplan::FanArgs&, const gplan::SendArgs&, void*) {
+  return notBuilt();
+}
 
 #endif
 

@@ -109,4 +109,16 @@ fuscoResult_t devicePlanRecv(const gplan::RecvArgs& a, void* stream) {
   return x.result();
 }
 
+fuscoResult_t devicePlanLayout(const gplan::RecvArgs& a, void* stream) {
+  DeviceExec x(stream);
+  gplan::planLayoutSteps(x, a);
+  return x.result();
+}
+
+fuscoResult_t devicePlanFan(const gplan::FanArgs& f, const gplan::SendArgs& a, void* stream) {
+  DeviceExec x(stream);
+  gplan::planFanSteps(x, f, a);
+  return x.result();
+}
+
 }  // namespace fusco

@@ -45,6 +45,14 @@ FUSCO_HD inline void noteBits(uint32_t* at, uint32_t bits) {
 #endif
 }
 
+FUSCO_HD inline void addOne(uint32_t* at) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(at, 1u);
+#else
+  ++*at;
+#endif
+}
+
 // The send side: the routing in, this rank's send lists and combine's sum terms out.
 struct SendArgs {
   const int64_t* topkIdx = nullptr;  // [numTokens * topk]
@@ -76,6 +84,13 @@ struct SendArgs {
   int64_t* termWeight = nullptr;
   uint8_t* termLast = nullptr;
   int64_t* termRow = nullptr;
+  // A layer plan's count message (optional, null in a bare send side): rank r's part at
+  // msgOff[r] is [rows to r, slots to r, slots per local expert of r]; expert e's count is at
+  // msgPos[e]. expert: the global expert of each slot (packed like local).
+  const uint32_t* msgOff = nullptr;  // [nranks]
+  const uint32_t* msgPos = nullptr;  // [numExperts]
+  uint32_t* countsMsg = nullptr;     // [numExperts + 2 * nranks]
+  int32_t* expert = nullptr;
 };
 
 // Expert e of a token's slot, or -1 when the slot holds no valid expert (-1, or out of range).
@@ -108,6 +123,7 @@ struct CountToken {
       const uint64_t at = static_cast<uint64_t>(a.rankOf[e]) * a.numTokens + t;
       const uint32_t s = ++a.slotsTR[at];
       a.rowsTR[at] = a.perRank ? 1 : s;
+      if (a.countsMsg != nullptr) addOne(a.countsMsg + a.msgPos[e]);
       ++valid;
     }
     a.termStart[t] = valid;
@@ -158,6 +174,7 @@ struct WriteToken {
       a.kSlots[so + slot] = static_cast<uint8_t>(k);
       a.local[so + slot] = a.localOf[e];
       a.weightIdx[so + slot] = static_cast<int64_t>(t * a.topk + k);
+      if (a.expert != nullptr) a.expert[so + slot] = static_cast<int32_t>(e);
       const uint32_t term = a.termStart[t] + p.before + p.j;
       a.termRank[term] = p.rank;
       a.termWeight[term] = static_cast<int64_t>(t * a.topk + k);
@@ -167,13 +184,18 @@ struct WriteToken {
   }
 };
 
-// Rank r: the closing kStart entry of its list (its slot count).
+// Rank r: the closing kStart entry of its list (its slot count) and its count message's header.
 struct CloseRank {
   SendArgs a;
   FUSCO_HD void operator()(uint64_t r) const {
-    if (*a.badSlot != kNoBadSlot) return;
     const uint32_t rows = a.rowOff[r + 1] - a.rowOff[r];
-    a.kStart[a.rowOff[r] + r + rows] = a.slotOff[r + 1] - a.slotOff[r];
+    const uint32_t slots = a.slotOff[r + 1] - a.slotOff[r];
+    if (a.countsMsg != nullptr) {
+      a.countsMsg[a.msgOff[r]] = rows;
+      a.countsMsg[a.msgOff[r] + 1] = slots;
+    }
+    if (*a.badSlot != kNoBadSlot) return;
+    a.kStart[a.rowOff[r] + r + rows] = slots;
   }
 };
 
@@ -213,6 +235,11 @@ struct RecvArgs {
   int64_t* padding = nullptr;         // [2 * numLocal] (start, count) pairs
   uint32_t* fanStart = nullptr;       // [maxRows + nranks]
   int64_t* fanRows = nullptr;         // [maxEntries]
+  // A layer plan's receive layout from the sources' count messages instead of their lists
+  // (planLayoutSteps): countsIn[s * (numLocal + 2) ..] is source s's message; basesOut[s *
+  // numLocal + e] the first row of expert e's block that source s's rows take.
+  const uint32_t* countsIn = nullptr;
+  int64_t* basesOut = nullptr;
 };
 
 // The last s in [0, n] with off[s] <= g (off ascending, off[0] = 0).
@@ -322,6 +349,77 @@ struct FanStart {
   }
 };
 
+// Expert e: its rows from every source (a layer plan's count messages).
+struct CountsTotals {
+  RecvArgs a;
+  FUSCO_HD void operator()(uint64_t e) const {
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < a.nranks; ++s) n += a.countsIn[s * (a.numLocal + 2ull) + 2 + e];
+    a.expertCount[e] = n;
+  }
+};
+
+// Expert e, once the block starts are known: where each source's rows of it begin (sources in
+// rank order, as the host planner's receive layout).
+struct SourceBases {
+  RecvArgs a;
+  FUSCO_HD void operator()(uint64_t e) const {
+    int64_t at = a.blockStart[e];
+    for (uint32_t s = 0; s < a.nranks; ++s) {
+      a.basesOut[s * static_cast<uint64_t>(a.numLocal) + e] = at;
+      at += a.countsIn[s * (a.numLocal + 2ull) + 2 + e];
+    }
+  }
+};
+
+// A layer plan's fan rows at the source: where each of this rank's slots lands in its
+// destination's expert-major rows, from the bases the destinations computed (planLayoutSteps).
+struct FanArgs {
+  const int32_t* expert = nullptr;      // [maxSlots] global expert of each packed slot
+  const uint32_t* slotCount = nullptr;  // the slots (the send side's slotOff[nranks])
+  uint64_t maxSlots = 0;
+  uint32_t numExperts = 0;
+  const int64_t* basesIn = nullptr;   // expert e's first row for this rank: basesIn[basePos[e]]
+  const uint32_t* basePos = nullptr;  // [numExperts]
+  uint32_t chunk = 256;
+  uint32_t maxChunks = 1;
+  uint32_t* hist = nullptr;          // [numExperts * maxChunks]
+  uint32_t* expertTotals = nullptr;  // [numExperts]
+  int64_t* remoteFan = nullptr;      // [maxSlots] packed like the slot lists
+};
+
+template <typename F>
+FUSCO_HD inline void walkOwnChunk(const FanArgs& a, uint64_t c, F f) {
+  const uint64_t total = *a.slotCount;
+  const uint64_t start = c * a.chunk;
+  if (start >= total || total > a.maxSlots) return;
+  const uint64_t end = start + a.chunk < total ? start + a.chunk : total;
+  for (uint64_t i = start; i < end; ++i) f(static_cast<uint32_t>(a.expert[i]), i);
+}
+
+struct CountOwnChunk {
+  FanArgs a;
+  FUSCO_HD void operator()(uint64_t c) const {
+    uint32_t* h = a.hist;
+    const uint32_t m = a.maxChunks;
+    walkOwnChunk(a, c, [h, m, c](uint32_t e, uint64_t) { ++h[e * static_cast<uint64_t>(m) + c]; });
+  }
+};
+
+struct FanOwnChunk {
+  FanArgs a;
+  FUSCO_HD void operator()(uint64_t c) const {
+    uint32_t* h = a.hist;
+    const uint32_t m = a.maxChunks;
+    const int64_t* base = a.basesIn;
+    const uint32_t* pos = a.basePos;
+    int64_t* out = a.remoteFan;
+    walkOwnChunk(a, c, [h, m, c, base, pos, out](uint32_t e, uint64_t i) {
+      out[i] = base[pos[e]] + h[e * static_cast<uint64_t>(m) + c]++;
+    });
+  }
+};
+
 // The pipelines, for an executor X with
 //   X.forEach(n, dynCount, f): f(i) for i < n, and i < *dynCount when dynCount is not null;
 //   X.scan(data, nseg, segLen, totals): exclusive scan of each segment in place, its sum in
@@ -333,6 +431,7 @@ void planSendSteps(X& x, const SendArgs& a) {
   const uint64_t tr = a.nranks * a.numTokens;
   x.zero(a.rowsTR, tr * sizeof(uint32_t));
   x.zero(a.slotsTR, tr * sizeof(uint32_t));
+  if (a.countsMsg != nullptr) x.zero(a.countsMsg, (a.numExperts + 2 * a.nranks) * sizeof(uint32_t));
   x.forEach(1, nullptr, ResetBadSlot{a});
   x.forEach(a.numTokens, nullptr, CountToken{a});
   x.scan(a.rowsTR, a.nranks, a.numTokens, a.rowOff);
@@ -364,6 +463,29 @@ void planRecvSteps(X& x, const RecvArgs& a) {
   x.forEach(a.numLocal, nullptr, WriteBlock{a});
   x.forEach(a.maxChunks, nullptr, FanChunk{a});
   x.forEach(a.maxRows + a.nranks, a.rowOffFrom + a.nranks, FanStart{a});
+}
+
+// A layer plan's receive layout from the count messages (countsIn): block sizes, starts, padding
+// and each source's bases (basesOut).
+template <typename X>
+void planLayoutSteps(X& x, const RecvArgs& a) {
+  x.forEach(a.numLocal, nullptr, CountsTotals{a});
+  x.forEach(a.numLocal, nullptr, PadBlock{a});
+  x.scan(a.padded, 1, a.numLocal, a.totals);
+  x.scan(a.padFlag, 1, a.numLocal, a.totals + 1);
+  x.forEach(a.numLocal, nullptr, WriteBlock{a});
+  x.forEach(a.numLocal, nullptr, SourceBases{a});
+}
+
+// A layer plan's fan rows at the source (remoteFan) from the destinations' bases, then the sum
+// terms' rows.
+template <typename X>
+void planFanSteps(X& x, const FanArgs& f, const SendArgs& a) {
+  x.zero(f.hist, static_cast<uint64_t>(f.numExperts) * f.maxChunks * sizeof(uint32_t));
+  x.forEach(f.maxChunks, nullptr, CountOwnChunk{f});
+  x.scan(f.hist, f.numExperts, f.maxChunks, f.expertTotals);
+  x.forEach(f.maxChunks, nullptr, FanOwnChunk{f});
+  planTermRowSteps(x, a, f.remoteFan);
 }
 
 }  // namespace gplan

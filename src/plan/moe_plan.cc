@@ -218,7 +218,7 @@ fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, in
 }
 
 fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
-                           int topk) {
+                           int topk, size_t firstToken) {
   if (topk < 1 || topk > kMaxTopk) {
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE routing: topk %d outside [1, %d]", topk,
                       kMaxTopk);
@@ -244,13 +244,13 @@ fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t
       if (e < -1 || e >= shape.numExperts) {
         return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
                           "MoE routing: token %zu slot %d: expert id %" PRId64 " outside [-1, %d)",
-                          t, k, e, shape.numExperts);
+                          firstToken + t, k, e, shape.numExperts);
       }
       if (stampOf[e] == t + 1) {
         return FUSCO_FAIL(fuscoInvalidArgument, kPlan,
                           "MoE routing: token %zu slot %d: expert %" PRId64
                           " already selected in slot %d",
-                          t, k, e, slotOf[e]);
+                          firstToken + t, k, e, slotOf[e]);
       }
       stampOf[e] = t + 1;
       slotOf[e] = k;

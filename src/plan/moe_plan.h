@@ -64,9 +64,10 @@ fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, in
                             MoeShape* out);
 
 // Checks topkIdx: every id in [-1, numExperts), no id twice within one token.
-// fuscoInvalidArgument with a message naming the token and slot ("token 17 slot 3: ...").
+// fuscoInvalidArgument with a message naming the token and slot ("token 17 slot 3: ..."); the
+// tokens are numbered from firstToken (a part of a routing checked on its own).
 fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
-                           int topk);
+                           int topk, size_t firstToken = 0);
 
 // What one rank sends in dispatch.
 struct MoeSendPlan {
