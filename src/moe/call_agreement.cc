@@ -13,6 +13,10 @@ namespace {
 
 std::string showDedup(uint64_t v) { return dedupName(static_cast<Dedup>(v)); }
 
+std::string showPlanner(uint64_t v) {
+  return v ? "the GPU planner's steps (FUSCO_PLAN)" : "the host planner (FUSCO_PLAN)";
+}
+
 std::string showDigest(uint64_t v) {
   char buf[32];
   snprintf(buf, sizeof(buf), "digest %016llx", static_cast<unsigned long long>(v));
@@ -49,6 +53,7 @@ std::vector<AgreeValue> planAgreement(const MoeHandle& h) {
       {"config.numExperts", static_cast<uint64_t>(h.shape.numExperts)},
       {"config.expertToRank", placementDigest(h.shape.expertToRank), showDigest},
       {"config.expertAlignment", static_cast<uint64_t>(h.shape.expertAlignment)},
+      {"planner", h.bySteps ? 1u : 0u, showPlanner},
   };
 }
 

@@ -22,13 +22,13 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
   if (a.status == fuscoSuccess) {
     for (int p = 0; p < n; ++p) {
-      const size_t rows = h.send.rows[p].size();
+      const size_t rows = h.sizes.rowsTo[p];
       auto& w = (*work)[p];
       w.sends.push_back(RowStream::indexed(x, rowBytes, h.dev.sendRows[p], rows));
       w.remoteDst.push_back(
           RowStream::fanOut(nullptr, rowBytes, h.dev.sendKStart[p], h.dev.remoteFanRows[p], rows));
       RowStream r = RowStream::fanOut(recvX, rowBytes, h.dev.recvFanStart[p], h.dev.recvFanRows[p],
-                                      h.recv.rowsFrom(p));
+                                      h.sizes.rowsFrom[p]);
       r.layoutShared = true;
       r.extent = h.recv.numRecvRows * rowBytes;
       w.recvs.push_back(r);
@@ -67,10 +67,10 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   // rank's sum kernel in p's expert output.
   std::vector<PeerWork>& work = *workOut;
   for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-    RowStream s = RowStream::indexed(offered, rowOut, nullptr, h.recv.fanRows[p].size());
+    RowStream s = RowStream::indexed(offered, rowOut, nullptr, h.sizes.slotsFrom[p]);
     s.extent = extent;
     work[p].sends.push_back(s);
-    work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.send.kSlots[p].size()));
+    work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.sizes.slotsTo[p]));
   }
   // The ranks' mapped bases are filled in by the progress thread once the peers agreed
   // (engine_async.h); the kernel reads them when the stream reaches it.

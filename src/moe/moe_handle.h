@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "device/cuda_rt.h"
+#include "device/device_plan_ops.h"
 #include "engine/communicator.h"
 #include "fusco.h"
 #include "plan/balance.h"
@@ -61,9 +62,28 @@ struct MoeHandle {
   } dev;
   DeviceBuffer devBuffer;
 
+  // The sizes of the plan's lists, per peer: what the device paths read on the host (both
+  // planners fill them).
+  struct Sizes {
+    std::vector<size_t> rowsTo, slotsTo, rowsFrom, slotsFrom;
+  } sizes;
+
+  // A plan made by the planner's steps (plan_layer.h): the layer plan (in devBuffer on a CUDA
+  // comm, in hostMem otherwise), its tables and summary on the host, and the receive lists the
+  // sources sent (fanStart, fanRows, packed by source at rowOffFrom / entryOff).
+  bool bySteps = false;
+  struct Steps {
+    LayerPlan plan, staged;
+    std::vector<char> hostMem, hostFan;
+    DeviceBuffer fanBuffer;
+    uint32_t* fanStart = nullptr;
+    int64_t* fanRows = nullptr;
+    std::vector<uint32_t> rowOffFrom, entryOff;
+  } steps;
+
   size_t rowsToSend() const {
     size_t n = 0;
-    for (const auto& r : send.rows) n += r.size();
+    for (size_t r : sizes.rowsTo) n += r;
     return n;
   }
 };

@@ -8,6 +8,7 @@
 #include "device/cuda_rt.h"
 #include "moe/moe.h"
 #include "moe/moe_exec.h"
+#include "moe/plan_layer.h"
 
 namespace fusco {
 
@@ -96,6 +97,19 @@ void planReceive(MoeHandle* h, const std::vector<std::vector<int32_t>>& metaFrom
   h->recv.fanRows.assign(n, {});
 }
 
+// The sizes the device paths read, from the host planner's lists.
+void fillSizes(MoeHandle* h) {
+  const int n = h->comm->nranks();
+  MoeHandle::Sizes& z = h->sizes;
+  z.rowsTo.assign(n, 0), z.slotsTo.assign(n, 0), z.rowsFrom.assign(n, 0), z.slotsFrom.assign(n, 0);
+  for (int p = 0; p < n; ++p) {
+    if (p < static_cast<int>(h->send.rows.size())) z.rowsTo[p] = h->send.rows[p].size();
+    if (p < static_cast<int>(h->send.kSlots.size())) z.slotsTo[p] = h->send.kSlots[p].size();
+    if (p < static_cast<int>(h->recv.fanStart.size())) z.rowsFrom[p] = h->recv.rowsFrom(p);
+    if (p < static_cast<int>(h->recv.fanRows.size())) z.slotsFrom[p] = h->recv.fanRows[p].size();
+  }
+}
+
 }  // namespace
 
 Dedup chooseDedup(int requested, int numNodes) {
@@ -107,6 +121,9 @@ Dedup chooseDedup(int requested, int numNodes) {
 fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
                       ArgCheck a, MoeHandle* h) {
   Communicator& c = *h->comm;
+  if (a.ok()) h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
+  h->bySteps = planBySteps(c, h->dedup);
+  if (h->bySteps) return planMoeSteps(config, topkIdx, stream, a, h);
   topkIdx = routingOnHost(*h, topkIdx, stream, &a);
   planLocal(config, topkIdx, &a, h);
   if (a.ok()) c.agreeInCall(planAgreement(*h));
@@ -119,6 +136,7 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
   planReceive(h, metaFrom, &b);
   FUSCO_CHECK(exchangeFanRows(*h, b));
   buildWeightIndex(*h);
+  fillSizes(h);
   if (topkIdx != nullptr && topkIdx != h->topkIdx.data())
     h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
   if (c.memType() == fuscoMemCuda) FUSCO_CHECK(uploadMoePlan(*h, stream));
