@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -320,6 +321,30 @@ TEST(GpuMoeCombine, EveryBufferKindForExpertOutAndOut) {
     for (Mem in : kAllMems)
       for (Mem out : kAllMems) combineAllModes(comm, ctx, s, in, out, stream.get());
   });
+}
+
+// ---------------------------------------------------------------- which planner
+
+// CUDA comms plan by the GPU planner's steps by default; FUSCO_PLAN=host keeps the host planner
+// (topkIdx copied to the host). Both must give the reference's bytes, in dispatch and combine.
+// The variable is set in each rank process before its first plan (parameters are read once).
+TEST(GpuMoePlanner, HostPlannerAndStepsBothMatchTheReference) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  for (const char* where : {"host", "steps"}) {
+    runGpuRanksOnStream(
+        4, [seed, where](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+          setenv("FUSCO_PLAN", where, 1);
+          MoeCase c = oneNodeCase(4);
+          c.numExperts = 16;
+          c.topk = 4;
+          c.numTokens = {70, 0, 1, 45};
+          c.align = 8;
+          dispatchAllModes(comm, ctx, c, seed, 40, kGpuModes, Mem::Cuda, Mem::Cuda, stream.get());
+          combineAllModes(comm, ctx, makeCombine(c, seed, fuscoBfloat16, 64), Mem::Cuda, Mem::Cuda,
+                          stream.get());
+        });
+  }
 }
 
 }  // namespace
