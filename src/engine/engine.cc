@@ -283,6 +283,18 @@ fuscoResult_t finishTwin(Communicator& comm, fuscoResult_t r, bool* agreed) {
   return engine;
 }
 
+namespace {
+
+// An operation run now: its late sizes first (engine.h, Op::late), its outcome to `after`.
+fuscoResult_t runLateThenNow(Communicator& comm, Op& op, bool* agreed) {
+  fuscoResult_t r = op.late ? op.late(op) : fuscoSuccess;
+  if (r == fuscoSuccess) r = runOpNow(comm, op, agreed);
+  if (op.after) op.after(r == fuscoSuccess);
+  return r;
+}
+
+}  // namespace
+
 fuscoResult_t runOp(Communicator& comm, Op& op) {
   if (comm.brokenResult() != fuscoSuccess)
     return FUSCO_FAIL(comm.brokenResult(), kEngine,
@@ -302,9 +314,9 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
   } else if (progress != nullptr) {
     // Host-memory exchanges of a CUDA comm share the channels with the enqueued operations: they
     // run on the progress thread after them.
-    r = progress->runSync([&] { return runOpNow(comm, op, &agreed); });
+    r = progress->runSync([&] { return runLateThenNow(comm, op, &agreed); });
   } else {
-    r = runOpNow(comm, op, &agreed);
+    r = runLateThenNow(comm, op, &agreed);
   }
   comm.endOp(r != fuscoSuccess && agreed);
   return r;

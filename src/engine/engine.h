@@ -61,6 +61,15 @@ struct Op {
   std::function<fuscoResult_t(const char* const* bases, const uint32_t* basesAligned, void* stream)>
       pullRun;
 
+  // An operation whose sizes are known only once earlier stream work has run (a capacity plan's
+  // lists, docs/DESIGN.md "Planning on the GPU"): `late` runs before the operation resolves (on
+  // the progress thread for an enqueued operation, at once otherwise). It may set the streams'
+  // sizes and addresses (never their number) and this rank's argStatus / argError, which fail the
+  // operation alike on every rank like any argument check; another result breaks the comm.
+  // `after` runs once the operation resolved, with whether it moves its data on every rank.
+  std::function<fuscoResult_t(Op&)> late;
+  std::function<void(bool)> after;
+
   // The call this operation belongs to, taken when it is run or enqueued (a CUDA comm's progress
   // thread runs it after the caller went on): its number, whether it is the call's first
   // operation (which carries the call's agreement values), those values, and an injected

@@ -247,10 +247,19 @@ void resolve(Communicator& c, Pending& pd) {
   DeviceQueue& q = *c.deviceQueue();
   fuscoResult_t r = fuscoSuccess;
   bool validation = false;
+  if (c.brokenResult() == fuscoSuccess && pd.op.late) {
+    r = pd.op.late(pd.op);  // sizes that earlier stream work decided (engine.h)
+    if (r != fuscoSuccess) {
+      const std::string why = threadLastError();
+      c.markBroken(r, why);
+      c.progress()->release(r, why);
+    }
+  }
   if (c.brokenResult() != fuscoSuccess) {
     r = c.brokenResult();  // the streams were released when it broke
   } else if (!pd.op.firstInCall && pd.op.callSerial == c.asyncFailedCall()) {
     // An earlier operation of this call failed validation on every rank: every rank skips it.
+    r = fuscoInvalidArgument;
   } else {
     bool written = true;
     r = runGuarded(c, pd.op, &validation, [&](OpRunner& runner) {
@@ -274,6 +283,7 @@ void resolve(Communicator& c, Pending& pd) {
       }
     }
   }
+  if (pd.op.after) pd.op.after(r == fuscoSuccess);
   q.go(pd.index);
 }
 
