@@ -255,6 +255,41 @@ fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
   return fuscoSuccess;
 }
 
+StreamEvent::~StreamEvent() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+fuscoResult_t StreamEvent::record(void* stream) {
+  if (event_ == nullptr) {
+    cudaEvent_t e;
+    FUSCO_CUDACHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), kEngine);
+    event_ = e;
+  }
+  FUSCO_CUDACHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)),
+      kEngine);
+  recorded_ = true;
+  return fuscoSuccess;
+}
+
+fuscoResult_t StreamEvent::query(bool* done) const {
+  *done = true;
+  if (!recorded_) return fuscoSuccess;
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    *done = false;
+    return fuscoSuccess;
+  }
+  if (e != cudaSuccess) return FUSCO_CUDA_FAIL(e, kEngine, "cudaEventQuery");
+  return fuscoSuccess;
+}
+
+fuscoResult_t StreamEvent::synchronize() const {
+  if (recorded_) FUSCO_CUDACHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), kEngine);
+  return fuscoSuccess;
+}
+
 #else  // no CUDA toolkit in this build
 
 namespace {
@@ -287,6 +322,13 @@ fuscoResult_t cudaStreamCapturing(void*, bool* capturing) {
 void cudaRelaxCaptureOnThisThread() {}
 CudaRelaxedCapture::CudaRelaxedCapture() : mode_(0) {}
 CudaRelaxedCapture::~CudaRelaxedCapture() = default;
+StreamEvent::~StreamEvent() = default;
+fuscoResult_t StreamEvent::record(void*) { return notBuilt(); }
+fuscoResult_t StreamEvent::query(bool* done) const {
+  *done = true;
+  return fuscoSuccess;
+}
+fuscoResult_t StreamEvent::synchronize() const { return fuscoSuccess; }
 DeviceBuffer::~DeviceBuffer() = default;
 fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }

@@ -68,6 +68,23 @@ class CudaRelaxedCapture {
 // Waits for all work of the current device (teardown only).
 void cudaDeviceSyncQuiet();
 
+// A point in a stream the host can ask about without waiting (cudaEventDisableTiming).
+class StreamEvent {
+ public:
+  StreamEvent() = default;
+  ~StreamEvent();
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  fuscoResult_t record(void* stream);
+  // *done: everything before the last record() has run (true when never recorded).
+  fuscoResult_t query(bool* done) const;
+  fuscoResult_t synchronize() const;
+
+ private:
+  void* event_ = nullptr;
+  bool recorded_ = false;
+};
+
 // Device memory owned by one object, grown on demand (contents not kept), with a pinned host
 // mirror for stream-ordered uploads: fill host(), then upload() enqueues the copy and records an
 // event that later streams wait on (waitUploaded), and a later fill first waits for it.

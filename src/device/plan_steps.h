@@ -240,6 +240,12 @@ struct RecvArgs {
   // numLocal + e] the first row of expert e's block that source s's rows take.
   const uint32_t* countsIn = nullptr;
   int64_t* basesOut = nullptr;
+  // padByExpert [2 * numLocal]: expert e's padding range (count 0 when none, and for every expert
+  // when the rows exceed a nonzero capacity), so a zero-filling kernel needs no count from the
+  // host; numRecv: the receive rows (padding included) as one int64 in the plan's memory.
+  uint64_t capacity = 0;
+  int64_t* padByExpert = nullptr;
+  int64_t* numRecv = nullptr;
 };
 
 // The last s in [0, n] with off[s] <= g (off ascending, off[0] = 0).
@@ -322,6 +328,21 @@ struct WriteBlock {
       a.padding[2 * a.padFlag[e]] = static_cast<int64_t>(a.padded[e]) + n;
       a.padding[2 * a.padFlag[e] + 1] = p - n;
     }
+    if (a.padByExpert != nullptr) {
+      a.padByExpert[2 * e] = static_cast<int64_t>(a.padded[e]) + n;
+      a.padByExpert[2 * e + 1] = p - n;
+    }
+  }
+};
+
+// Expert e, once the totals are known: no padding range past a capacity the rows exceed, and the
+// receive rows where the device reads them.
+struct FinishLayout {
+  RecvArgs a;
+  FUSCO_HD void operator()(uint64_t e) const {
+    if (e == 0 && a.numRecv != nullptr) *a.numRecv = a.totals[0];
+    if (a.padByExpert != nullptr && a.capacity != 0 && a.totals[0] > a.capacity)
+      a.padByExpert[2 * e + 1] = 0;
   }
 };
 
@@ -475,6 +496,7 @@ void planLayoutSteps(X& x, const RecvArgs& a) {
   x.scan(a.padFlag, 1, a.numLocal, a.totals + 1);
   x.forEach(a.numLocal, nullptr, WriteBlock{a});
   x.forEach(a.numLocal, nullptr, SourceBases{a});
+  x.forEach(a.numLocal > 0 ? a.numLocal : 1, nullptr, FinishLayout{a});
 }
 
 // A layer plan's fan rows at the source (remoteFan) from the destinations' bases, then the sum

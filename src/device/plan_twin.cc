@@ -190,6 +190,8 @@ size_t carveLayerPlan(char* base, const LayerPlanDims& d, LayerPlan* p) {
   l.padded = c.take<uint32_t>(local);
   l.padFlag = c.take<uint32_t>(local);
   l.basesOut = c.take<int64_t>(d.nranks * local);
+  l.padByExpert = c.take<int64_t>(2 * local);
+  l.numRecv = c.take<int64_t>(1);
   p->basesIn = c.take<int64_t>(d.numExperts);
   gplan::FanArgs& f = p->fan;
   f.maxSlots = d.numTokens * d.topk;
