@@ -2,6 +2,7 @@
 // moe layer (src/moe/), which joins the collective even when a check failed so that peers fail
 // promptly (docs/API.md, "The collective error rule").
 #include <memory>
+#include <mutex>
 
 #include "api/api_internal.h"
 #include "core/checked_math.h"
@@ -24,16 +25,16 @@ ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size
   checkStream(comm, stream, "fuscoMoeDispatch", &a);
   if (rowBytes == 0) a.fail("fuscoMoeDispatch: rowBytes is 0");
   size_t bytes = 0;
-  if (!checkedMul(h.recv.numRecvRows, rowBytes, &bytes) ||
-      !checkedMul(h.numTokens, rowBytes, &bytes))
+  const size_t recvRows = recvRowsBound(h);
+  if (!checkedMul(recvRows, rowBytes, &bytes) || !checkedMul(h.numTokens, rowBytes, &bytes))
     a.fail(
         "fuscoMoeDispatch: rowBytes %zu x %zu received rows (or %zu tokens) overflows a byte "
         "size",
-        rowBytes, h.recv.numRecvRows, h.numTokens);
+        rowBytes, recvRows, h.numTokens);
   if (x == nullptr && h.rowsToSend() > 0)
     a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", h.rowsToSend());
-  if (recvX == nullptr && h.recv.numRecvRows > 0)
-    a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", h.recv.numRecvRows);
+  if (recvX == nullptr && recvRows > 0)
+    a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", recvRows);
   checkDevicePtr(comm, x, "fuscoMoeDispatch", "x", &a);
   checkDevicePtr(comm, recvX, "fuscoMoeDispatch", "recvX", &a);
   return a;
@@ -48,20 +49,50 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
   if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
   size_t row = 0, bytes = 0;
   const size_t es = dataTypeSize(static_cast<fuscoDataType_t>(a.ok() ? dt : fuscoFloat32));
-  if (!checkedMul(hidden, es, &row) || !checkedMul(h.recv.numRecvRows, row, &bytes) ||
+  const size_t recvRows = recvRowsBound(h);
+  if (!checkedMul(hidden, es, &row) || !checkedMul(recvRows, row, &bytes) ||
       !checkedMul(h.numTokens, row, &bytes))
     a.fail(
         "fuscoMoeCombine: hidden %zu x %zu-byte elements x %zu rows (or %zu tokens) overflows "
         "a byte size",
-        hidden, es, h.recv.numRecvRows, h.numTokens);
-  if (expertOut == nullptr && h.recv.numRecvRows > 0)
-    a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", h.recv.numRecvRows);
+        hidden, es, recvRows, h.numTokens);
+  if (expertOut == nullptr && recvRows > 0)
+    a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", recvRows);
   if (out == nullptr && h.numTokens > 0)
     a.fail("fuscoMoeCombine: out is NULL with %zu tokens", h.numTokens);
   checkDevicePtr(comm, expertOut, "fuscoMoeCombine", "expertOut", &a);
   checkDevicePtr(comm, topkWeights, "fuscoMoeCombine", "topkWeights", &a);
   checkDevicePtr(comm, out, "fuscoMoeCombine", "out", &a);
   return a;
+}
+
+// fuscoMoePlan and fuscoMoePlanCapacity (capacityMode; capacity 0 is then invalid).
+fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fuscoMoeConfig_t* config,
+                         const int64_t* topkIdx, size_t numTokens, int topk, bool capacityMode,
+                         size_t capacity, void* stream, const char* fn) {
+  return guarded(comm, fn, CallKind::Collective, [&]() -> fuscoResult_t {
+    FUSCO_CHECK(checkComm(comm, fn));
+    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Plan));
+    std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
+    h->comm = comm;
+    h->commSerial = liveSerial(LiveKind::Comm, comm);
+    h->impl.comm = comm->impl.get();
+    h->impl.numTokens = numTokens;
+    h->impl.topk = topk;
+    h->impl.capacity = capacity;
+    ArgCheck a;
+    if (capacityMode && capacity == 0) a.fail("%s: recvCapacity is 0", fn);
+    if (handle == nullptr) a.fail("%s: handle is NULL", fn);
+    checkStream(comm, stream, fn, &a);
+    checkMoeConfig(config, &a);
+    if (numTokens > 0 && topkIdx == nullptr)
+      a.fail("%s: topkIdx is NULL with %zu tokens", fn, numTokens);
+    checkDevicePtr(comm, topkIdx, fn, "topkIdx", &a);
+    FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
+    registerLive(LiveKind::MoeHandle, h.get());
+    *handle = h.release();
+    return fuscoSuccess;
+  });
 }
 
 }  // namespace
@@ -71,27 +102,15 @@ extern "C" {
 fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
                            const fuscoMoeConfig_t* config, const int64_t* topkIdx, size_t numTokens,
                            int topk, void* stream) {
-  return guarded(comm, "fuscoMoePlan", CallKind::Collective, [&]() -> fuscoResult_t {
-    FUSCO_CHECK(checkComm(comm, "fuscoMoePlan"));
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Plan));
-    std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
-    h->comm = comm;
-    h->commSerial = liveSerial(LiveKind::Comm, comm);
-    h->impl.comm = comm->impl.get();
-    h->impl.numTokens = numTokens;
-    h->impl.topk = topk;
-    ArgCheck a;
-    if (handle == nullptr) a.fail("fuscoMoePlan: handle is NULL");
-    checkStream(comm, stream, "fuscoMoePlan", &a);
-    checkMoeConfig(config, &a);
-    if (numTokens > 0 && topkIdx == nullptr)
-      a.fail("fuscoMoePlan: topkIdx is NULL with %zu tokens", numTokens);
-    checkDevicePtr(comm, topkIdx, "fuscoMoePlan", "topkIdx", &a);
-    FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
-    registerLive(LiveKind::MoeHandle, h.get());
-    *handle = h.release();
-    return fuscoSuccess;
-  });
+  return planHandle(handle, comm, config, topkIdx, numTokens, topk, false, 0, stream,
+                    "fuscoMoePlan");
+}
+
+fuscoResult_t fuscoMoePlanCapacity(fuscoMoeHandle_t* handle, fuscoComm_t comm,
+                                   const fuscoMoeConfig_t* config, const int64_t* topkIdx,
+                                   size_t numTokens, int topk, size_t recvCapacity, void* stream) {
+  return planHandle(handle, comm, config, topkIdx, numTokens, topk, true, recvCapacity, stream,
+                    "fuscoMoePlanCapacity");
 }
 
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
@@ -132,6 +151,12 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
+    if (handle->impl.capacity != 0) {
+      if (liveCommOf(LiveKind::MoeHandle, handle) == nullptr)
+        return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                          "fuscoMoeGetRecvCounts: the handle's communicator was destroyed");
+      FUSCO_CHECK(moeWaitPlan(handle->impl));
+    }
     const MoeRecvPlan& recv = handle->impl.recv;
     *numRecvRows = recv.numRecvRows;
     if (tokensPerLocalExpert != nullptr)
@@ -150,7 +175,10 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetStats: stats->size is %zu, expected %zu", stats->size,
                         sizeof(fuscoMoeStats_t));
-    *stats = handle->impl.stats;
+    {
+      std::lock_guard<std::mutex> lk(handle->impl.statsMu);
+      *stats = handle->impl.stats;
+    }
     stats->size = sizeof(fuscoMoeStats_t);
     return fuscoSuccess;
   });
@@ -159,14 +187,28 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
   return guarded(nullptr, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
+    const fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
     // Only the call that takes it out of the registry frees it: a second destroy fails above.
     if (!unregisterLive(LiveKind::MoeHandle, handle))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeHandleDestroy: %p is not a live MoE handle (destroyed or never "
                         "created)",
                         static_cast<void*>(handle));
+    // Operations still queued on the comm's progress thread may refer to the handle.
+    if (comm != nullptr) moeQuiesce(handle->impl);
     delete handle;
     return fuscoSuccess;
+  });
+}
+
+fuscoResult_t fuscoMoeGetRecvCountsDevice(fuscoMoeHandle_t handle, const int64_t** numRecvRows,
+                                          const int64_t** tokensPerLocalExpert) {
+  return guarded(nullptr, "fuscoMoeGetRecvCountsDevice", [&]() -> fuscoResult_t {
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetRecvCountsDevice"));
+    if (numRecvRows == nullptr)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoMoeGetRecvCountsDevice: numRecvRows is NULL");
+    return moeRecvCountsDevice(handle->impl, numRecvRows, tokensPerLocalExpert);
   });
 }
 

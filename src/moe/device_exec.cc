@@ -5,14 +5,65 @@
 // kernel reads its tokens' rows straight from every rank's expert output (mapped through CUDA
 // IPC) and writes the weighted sum in the fixed order of docs/API.md: one pass, no partials, no
 // landing area, and the routing weights never leave the source.
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/datatype.h"
 #include "device/device_ops.h"
+#include "moe/moe.h"
 #include "moe/moe_exec.h"
 
 namespace fusco {
+
+namespace {
+
+// Dispatch's streams with peer p, from the plan's sizes and device lists.
+void dispatchStreams(const MoeHandle& h, int p, const void* x, size_t rowBytes, void* recvX,
+                     PeerWork* w) {
+  const size_t rows = h.sizes.rowsTo[p];
+  w->sends.push_back(RowStream::indexed(x, rowBytes, h.dev.sendRows[p], rows));
+  w->remoteDst.push_back(
+      RowStream::fanOut(nullptr, rowBytes, h.dev.sendKStart[p], h.dev.remoteFanRows[p], rows));
+  RowStream r = RowStream::fanOut(recvX, rowBytes, h.dev.recvFanStart[p], h.dev.recvFanRows[p],
+                                  h.sizes.rowsFrom[p]);
+  r.layoutShared = true;
+  r.extent = recvRowsBound(h) * rowBytes;
+  w->recvs.push_back(r);
+}
+
+// A capacity plan's outcome, as a late operation sees it (docs/API.md, capacity mode): an
+// operation of a handle whose plan failed fails alike on every rank (every rank's plan failed).
+bool planFailed(const MoeHandle& h, const char* fn, Op& op) {
+  if (op.argStatus != fuscoSuccess) return true;
+  if (h.planState == MoeHandle::kPlanReady) return false;
+  op.argStatus = fuscoInvalidUsage;
+  op.argError = std::string(fn) +
+                ": the handle's fuscoMoePlanCapacity failed on every rank "
+                "(fuscoCommGetAsyncError said why); replan it";
+  return true;
+}
+
+// Combine's streams with every peer: the (t, k) rows it reads from this rank's expert output, and
+// those this rank reads from it. A capacity plan's sizes are known on the progress thread only.
+void combineStreams(const MoeHandle& h, const char* offered, size_t rowOut, size_t extent,
+                    std::vector<PeerWork>* work) {
+  const bool known = h.capacity == 0;  // else placeholders, sized by the late operation
+  for (size_t p = 0; p < work->size(); ++p) {
+    PeerWork& w = (*work)[p];
+    RowStream s = RowStream::indexed(offered, rowOut, nullptr, known ? h.sizes.slotsFrom[p] : 0);
+    s.extent = extent;
+    w.sends.assign(1, s);
+    w.recvs.assign(1, RowStream::indexed(nullptr, rowOut, nullptr, known ? h.sizes.slotsTo[p] : 0));
+  }
+}
+
+}  // namespace
+
+size_t recvRowsBound(const MoeHandle& h) {
+  return h.capacity != 0 ? h.capacity : h.recv.numRecvRows;
+}
 
 fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
                              void* stream, std::vector<PeerWork>* work) {
@@ -20,24 +71,34 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
   const int n = c.nranks();
   if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
-  if (a.status == fuscoSuccess) {
-    for (int p = 0; p < n; ++p) {
-      const size_t rows = h.sizes.rowsTo[p];
-      auto& w = (*work)[p];
-      w.sends.push_back(RowStream::indexed(x, rowBytes, h.dev.sendRows[p], rows));
-      w.remoteDst.push_back(
-          RowStream::fanOut(nullptr, rowBytes, h.dev.sendKStart[p], h.dev.remoteFanRows[p], rows));
-      RowStream r = RowStream::fanOut(recvX, rowBytes, h.dev.recvFanStart[p], h.dev.recvFanRows[p],
-                                      h.sizes.rowsFrom[p]);
-      r.layoutShared = true;
-      r.extent = h.recv.numRecvRows * rowBytes;
-      w.recvs.push_back(r);
-    }
+  LateSizes late;
+  if (a.status == fuscoSuccess && h.capacity != 0) {
+    // The sizes and lists are known on the progress thread only: placeholders now (one stream of
+    // each kind per peer), the real streams once the plan resolved.
+    for (PeerWork& w : *work) w.sends.resize(1), w.remoteDst.resize(1), w.recvs.resize(1);
+    MoeHandle* hp = &h;
+    late = [hp, x, rowBytes, recvX](Op& op) {
+      if (planFailed(*hp, "fuscoMoeDispatch", op)) return fuscoSuccess;
+      for (size_t p = 0; p < op.peers.size(); ++p) {
+        op.peers[p] = PeerWork();
+        dispatchStreams(*hp, static_cast<int>(p), x, rowBytes, recvX, &op.peers[p]);
+      }
+      noteDispatchStats(*hp, op.peers, rowBytes);
+      return fuscoSuccess;
+    };
+    // Padding ranges by expert, empty where a range would pass the capacity.
+    const LayerPlan& lp = h.steps.plan;
+    const int64_t longest = std::max(h.shape.expertAlignment - 1, 0);
+    joinFailure(deviceZeroRowRanges(recvX, rowBytes, lp.layout.padByExpert,
+                                    h.shape.localExperts[c.rank()].size(), longest, stream),
+                &a);
+  } else if (a.status == fuscoSuccess) {
+    for (int p = 0; p < n; ++p) dispatchStreams(h, p, x, rowBytes, recvX, &(*work)[p]);
     joinFailure(deviceZeroRowRanges(recvX, rowBytes, h.dev.paddingRanges, h.recv.padding.size(),
                                     h.dev.paddingLongest, stream),
                 &a);
   }
-  return runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true);
+  return runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true, nullptr, std::move(late));
 }
 
 fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
@@ -50,7 +111,7 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
   // Peers read this rank's expert output in place when every one of them can map it (fuscoMemAlloc
   // or registered), else a copy of it in the comm's scratch.
-  const size_t extent = h.recv.numRecvRows * rowOut;
+  const size_t extent = recvRowsBound(h) * rowOut;
   const char* offered = static_cast<const char*>(expertOut);
   bool mappable = true;
   uint64_t token = 0;
@@ -66,31 +127,38 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   // One pull operation: the message from p is the (t, k) rows this rank sent p, read by this
   // rank's sum kernel in p's expert output.
   std::vector<PeerWork>& work = *workOut;
-  for (int p = 0; p < n && a.status == fuscoSuccess; ++p) {
-    RowStream s = RowStream::indexed(offered, rowOut, nullptr, h.sizes.slotsFrom[p]);
-    s.extent = extent;
-    work[p].sends.push_back(s);
-    work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.sizes.slotsTo[p]));
+  if (a.status == fuscoSuccess) combineStreams(h, offered, rowOut, extent, &work);
+  LateSizes late;
+  if (a.status == fuscoSuccess && h.capacity != 0) {
+    MoeHandle* hp = &h;
+    late = [hp, offered, rowOut, extent](Op& op) {
+      if (planFailed(*hp, "fuscoMoeCombine", op)) return fuscoSuccess;
+      combineStreams(*hp, offered, rowOut, extent, &op.peers);
+      noteCombineStats(*hp, op.peers, rowOut);
+      return fuscoSuccess;
+    };
   }
   // The ranks' mapped bases are filled in by the progress thread once the peers agreed
-  // (engine_async.h); the kernel reads them when the stream reaches it.
-  auto sum = [&h, dt, hidden, topkWeights, out](
-                 const char* const* bases, const uint32_t* basesAligned, void* s) -> fuscoResult_t {
-    if (h.numTokens == 0) return fuscoSuccess;
-    DevFinalSum f;
+  // (engine_async.h); the kernel reads them when the stream reaches it. A plan by the steps keeps
+  // its terms where its buffer was carved (known before a capacity plan resolves).
+  DevFinalSum f;
+  const bool steps = h.bySteps;
+  f.termStart = steps ? h.steps.plan.send.termStart : h.dev.termStart;
+  f.termRank = steps ? h.steps.plan.send.termRank : h.dev.termRank;
+  f.termRow = steps ? h.steps.plan.send.termRow : h.dev.termRow;
+  f.termWeight = steps ? h.steps.plan.send.termWeight : h.dev.termWeight;
+  f.termLast = steps ? h.steps.plan.send.termLast : h.dev.termLast;
+  f.weights = topkWeights;
+  f.out = static_cast<char*>(out);
+  f.ntokens = h.numTokens;
+  auto sum = [f, dt, hidden](const char* const* bases, const uint32_t* basesAligned,
+                             void* s) mutable -> fuscoResult_t {
+    if (f.ntokens == 0) return fuscoSuccess;
     f.bases = bases;
     f.basesAligned = basesAligned;
-    f.termStart = h.dev.termStart;
-    f.termRank = h.dev.termRank;
-    f.termRow = h.dev.termRow;
-    f.termWeight = h.dev.termWeight;
-    f.termLast = h.dev.termLast;
-    f.weights = topkWeights;
-    f.out = static_cast<char*>(out);
-    f.ntokens = h.numTokens;
     return deviceFinalSum(dt, hidden, f, s);
   };
-  return runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum);
+  return runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum, std::move(late));
 }
 
 }  // namespace fusco

@@ -2,6 +2,7 @@
 // call's statistics from the operation this rank actually ran (fuscoMoeGetStats).
 #include "moe/moe_exec.h"
 
+#include <mutex>
 #include <vector>
 
 #include "core/datatype.h"
@@ -31,6 +32,28 @@ struct Traffic {
 
 }  // namespace
 
+void noteDispatchStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes) {
+  Traffic traffic;
+  traffic.addSends(*h.comm, work, rowBytes);
+  std::lock_guard<std::mutex> lk(h.statsMu);
+  h.stats.dispatchRowsIntraNode = traffic.intraRows;
+  h.stats.dispatchRowsInterNode = traffic.interRows;
+  h.stats.dispatchBytesIntraNode = traffic.intraBytes;
+  h.stats.dispatchBytesInterNode = traffic.interBytes;
+}
+
+void noteCombineStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes,
+                      size_t weightBytes) {
+  Traffic traffic;
+  const Communicator& c = *h.comm;
+  for (int p = 0; p < c.nranks() && weightBytes > 0; ++p)
+    traffic.add(c, p, 0, h.weightIdx[p].size() * weightBytes);
+  traffic.addSends(c, work, rowBytes);
+  std::lock_guard<std::mutex> lk(h.statsMu);
+  h.stats.combineBytesIntraNode = traffic.intraBytes;
+  h.stats.combineBytesInterNode = traffic.interBytes;
+}
+
 fuscoResult_t moeDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX,
                           const ArgCheck& a, void* stream) {
   Communicator& c = *h.comm;
@@ -40,12 +63,8 @@ fuscoResult_t moeDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* re
     FUSCO_CHECK(deviceDispatch(h, x, rowBytes, recvX, a, stream, &work.peers));
   else
     FUSCO_CHECK(hostDispatch(h, x, rowBytes, recvX, a, &work));
-  Traffic traffic;
-  traffic.addSends(c, work.peers, rowBytes);
-  h.stats.dispatchRowsIntraNode = traffic.intraRows;
-  h.stats.dispatchRowsInterNode = traffic.interRows;
-  h.stats.dispatchBytesIntraNode = traffic.intraBytes;
-  h.stats.dispatchBytesInterNode = traffic.interBytes;
+  // A capacity plan's CUDA dispatch notes its traffic once sized, on the progress thread.
+  if (!(c.memType() == fuscoMemCuda && h.capacity != 0)) noteDispatchStats(h, work.peers, rowBytes);
   return fuscoSuccess;
 }
 
@@ -61,12 +80,9 @@ fuscoResult_t moeCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt
     FUSCO_CHECK(hostCombine(h, expertOut, dt, hidden, topkWeights, out, a, &work));
   // What this rank put on each path: the routing weights (RANK, host path), then the rows it
   // sent back (on the GPU: the rows its peers read from it).
-  Traffic traffic;
-  for (int p = 0; p < c.nranks() && h.dedup != Dedup::None && !onDevice; ++p)
-    traffic.add(c, p, 0, h.weightIdx[p].size() * sizeof(float));
-  traffic.addSends(c, work.peers, hidden * dataTypeSize(dt));
-  h.stats.combineBytesIntraNode = traffic.intraBytes;
-  h.stats.combineBytesInterNode = traffic.interBytes;
+  const size_t weightBytes = h.dedup != Dedup::None && !onDevice ? sizeof(float) : 0;
+  if (!(onDevice && h.capacity != 0))
+    noteCombineStats(h, work.peers, hidden * dataTypeSize(dt), weightBytes);
   return fuscoSuccess;
 }
 

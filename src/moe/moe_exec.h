@@ -52,6 +52,11 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
 fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
                             const float* topkWeights, void* out, ArgCheck a, void* stream,
                             std::vector<PeerWork>* work);
+// This rank's traffic in the operation it ran (fuscoMoeGetStats), under h.statsMu: a capacity
+// plan's dispatch and combine note it on the progress thread, once sized.
+void noteDispatchStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes);
+void noteCombineStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes,
+                      size_t weightBytes = 0);
 // Copies the plan's index lists to the device (device_plan.cc), on `stream`.
 fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream);
 

@@ -2,6 +2,8 @@
 // dispatch and combine reuse across calls.
 #pragma once
 
+#include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "device/cuda_rt.h"
@@ -29,6 +31,7 @@ struct MoeHandle {
   // the CSR shape send.kStart[r]), so dispatch can write final rows straight into r's buffer.
   std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
+  std::mutex statsMu;  // stats may be written by the progress thread (capacity plans)
 
   // NODE dedup across nodes (dedup == Node): `send` above is then the RANK plan, used for the
   // ranks of this node and for the routing weights; rows for other nodes go through forwarders.
@@ -72,6 +75,12 @@ struct MoeHandle {
   // comm, in hostMem otherwise), its tables and summary on the host, and the receive lists the
   // sources sent (fanStart, fanRows, packed by source at rowOffFrom / entryOff).
   bool bySteps = false;
+  // Capacity mode (fuscoMoePlanCapacity): receive rows per rank, 0 for a plan with sizes. Such a
+  // plan's outcome is known on the progress thread only (planState, written there; dispatch and
+  // combine read it there too), and its summary is on the host once summaryReady has passed.
+  size_t capacity = 0;
+  enum : int { kPlanPending = 0, kPlanReady = 1, kPlanFailed = 2 };
+  std::atomic<int> planState{kPlanPending};
   struct Steps {
     LayerPlan plan, staged;
     std::vector<char> hostMem, hostFan;
@@ -79,6 +88,7 @@ struct MoeHandle {
     uint32_t* fanStart = nullptr;
     int64_t* fanRows = nullptr;
     std::vector<uint32_t> rowOffFrom, entryOff;
+    StreamEvent summaryReady;
   } steps;
 
   size_t rowsToSend() const {

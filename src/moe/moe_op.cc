@@ -69,7 +69,7 @@ fuscoResult_t checkGateOrder(const MoeWork& w, const char* name) {
 
 fuscoResult_t runMoeOp(Communicator& c, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed, void* stream, bool onDevice,
-                       PullRun pullRun) {
+                       PullRun pullRun, LateSizes late, std::function<void(bool)> after) {
   Op op(c.nranks());
   op.stream = stream;
   op.hostData = !onDevice;
@@ -80,6 +80,8 @@ fuscoResult_t runMoeOp(Communicator& c, const char* name, const ArgCheck& a,
   op.argError = a.message;
   op.agreed = agreed;
   op.pullRun = std::move(pullRun);
+  op.late = std::move(late);
+  op.after = std::move(after);
   if (a.ok()) op.peers = work;
   return runOp(c, op);
 }

@@ -122,7 +122,13 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
                       ArgCheck a, MoeHandle* h) {
   Communicator& c = *h->comm;
   if (a.ok()) h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
-  h->bySteps = planBySteps(c, h->dedup);
+  if (a.ok() && h->capacity != 0 && h->dedup == Dedup::Node) {
+    a.fail(
+        "fuscoMoePlanCapacity: capacity mode supports dedup NONE and RANK (AUTO on one node); "
+        "NODE dedup across nodes needs fuscoMoePlan");
+    a.status = fuscoInvalidUsage;
+  }
+  h->bySteps = h->capacity != 0 || planBySteps(c, h->dedup);
   if (h->bySteps) return planMoeSteps(config, topkIdx, stream, a, h);
   topkIdx = routingOnHost(*h, topkIdx, stream, &a);
   planLocal(config, topkIdx, &a, h);

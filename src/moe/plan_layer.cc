@@ -14,17 +14,23 @@
 //   6. fan steps: where each of this rank's slots lands at its destination, and combine's terms;
 //   7. the summary read back (sizes, a bad slot), then a host round: the routing's verdict;
 //   8. operation: each destination gets the source's kStart and fan rows (its receive lists).
+#include "moe/plan_layer.h"
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "device/cuda_rt.h"
 #include "moe/moe.h"
 #include "moe/moe_exec.h"
-#include "moe/plan_layer.h"
+#include "moe/plan_lists.h"
 
 namespace fusco {
 
@@ -38,21 +44,24 @@ class LayerRun {
   LayerRun(MoeHandle& h, void* stream)
       : h_(h), c_(*h.comm), s_(stream), dev_(c_.memType() == fuscoMemCuda), n_(c_.nranks()) {}
   void prepare(const fuscoMoeConfig_t* config, const int64_t* topkIdx, ArgCheck* a);
-  fuscoResult_t countsAndBases();
+  fuscoResult_t counts(const ArgCheck& a);
+  fuscoResult_t basesAndFan();
   void readSummary(ArgCheck* b);
   fuscoResult_t exchangeFanLists();
+  fuscoResult_t lateFanLists();
   void finish();
 
  private:
   uint32_t localOf(int r) const { return static_cast<uint32_t>(h_.shape.localExperts[r].size()); }
+  void checkCapture(ArgCheck* a);
+  fuscoResult_t reserve(size_t bytes);
+  fuscoResult_t reserveFanLists(uint64_t rows, uint64_t entries);
   void fillTables();
   fuscoResult_t run(fuscoResult_t (*onDevice)(const LayerPlan&, void*),
                     void (*onHost)(const LayerPlan&));
-  fuscoResult_t op(const char* name, const std::vector<PeerWork>& w, bool agreed);
+  fuscoResult_t op(const char* name, const ArgCheck& a, const std::vector<PeerWork>& w, bool agreed,
+                   LateSizes late = nullptr, std::function<void(bool)> after = nullptr);
   void badSlotMessage(ArgCheck* b);
-  void checkCounts(ArgCheck* b);
-  void deviceLists();
-  void hostLists();
 
   MoeHandle& h_;
   Communicator& c_;
@@ -61,9 +70,9 @@ class LayerRun {
   int n_;
   const int64_t* topk_ = nullptr;
   LayerPlanDims d_;
-  LayerPlan& p_ = h_.steps.plan;      // where the steps run
-  LayerPlan& st_ = h_.steps.staged;   // the tables and the summary, on the host
-  std::vector<uint64_t> prefixL_;     // [nranks + 1] local experts of ranks before r
+  LayerPlan& p_ = h_.steps.plan;     // where the steps run
+  LayerPlan& st_ = h_.steps.staged;  // the tables and the summary, on the host
+  std::vector<uint64_t> prefixL_;    // [nranks + 1] local experts of ranks before r
 };
 
 fuscoResult_t sendOnDevice(const LayerPlan& p, void* s) { return devicePlanSend(p.send, s); }
@@ -80,18 +89,59 @@ fuscoResult_t LayerRun::run(fuscoResult_t (*onDevice)(const LayerPlan&, void*),
   return fuscoSuccess;
 }
 
+// A plan with sizes reads them back to the host, which a capture cannot do.
+void LayerRun::checkCapture(ArgCheck* a) {
+  bool capturing = false;
+  joinFailure(cudaStreamCapturing(s_, &capturing), a);
+  if (capturing && h_.capacity == 0) {
+    a->fail(
+        "fuscoMoePlan: cannot be captured into a CUDA graph: it reads the plan's sizes back to "
+        "the host; plan before the capture and capture dispatch and combine");
+    a->status = fuscoInvalidUsage;
+  } else if (capturing) {
+    a->fail(
+        "fuscoMoePlanCapacity: cannot be captured into a CUDA graph yet; plan before the "
+        "capture and capture dispatch and combine");
+    a->status = fuscoInvalidUsage;
+  }
+}
+
+// The layer plan's buffer (a capacity plan also carves its receive lists now).
+fuscoResult_t LayerRun::reserve(size_t bytes) {
+  if (dev_) {
+    FUSCO_CHECK(h_.devBuffer.reserve(bytes));
+    carveLayerPlan(h_.devBuffer.device(), d_, &p_);
+    carveLayerPlan(h_.devBuffer.host(), d_, &st_);
+  } else {
+    h_.steps.hostMem.resize(bytes);
+    carveLayerPlan(h_.steps.hostMem.data(), d_, &p_);
+    st_ = p_;
+  }
+  p_.layout.capacity = st_.layout.capacity = h_.capacity;
+  if (h_.capacity != 0) FUSCO_CHECK(reserveFanLists(h_.capacity, h_.capacity));
+  return fuscoSuccess;
+}
+
+// Room for the receive lists: rows from every source (each with its kStart end) and entries.
+fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
+  const size_t startBytes = ((rows + n_) * sizeof(uint32_t) + 15) / 16 * 16;
+  const size_t bytes = startBytes + entries * sizeof(int64_t);
+  char* base = nullptr;
+  if (dev_) {
+    FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes));
+    base = h_.steps.fanBuffer.device();
+  } else {
+    h_.steps.hostFan.resize(bytes);
+    base = h_.steps.hostFan.data();
+  }
+  h_.steps.fanStart = reinterpret_cast<uint32_t*>(base);
+  h_.steps.fanRows = reinterpret_cast<int64_t*>(base + startBytes);
+  return fuscoSuccess;
+}
+
 // Every rank's checks, the capture refusal, then the buffers and the tables.
 void LayerRun::prepare(const fuscoMoeConfig_t* config, const int64_t* topkIdx, ArgCheck* a) {
-  if (dev_ && a->ok()) {
-    bool capturing = false;
-    joinFailure(cudaStreamCapturing(s_, &capturing), a);
-    if (capturing) {
-      a->fail(
-          "fuscoMoePlan: cannot be captured into a CUDA graph: it reads the plan's sizes back to "
-          "the host; plan before the capture and capture dispatch and combine");
-      a->status = fuscoInvalidUsage;
-    }
-  }
+  if (dev_ && a->ok()) checkCapture(a);
   if (a->ok() && h_.topk <= 0) a->fail("fuscoMoePlan: topk %d must be > 0", h_.topk);
   if (a->ok() && h_.topk > 255) a->fail("MoE routing: topk %d outside [1, 255]", h_.topk);
   if (a->ok() && h_.numTokens > static_cast<size_t>(INT32_MAX))
@@ -107,17 +157,8 @@ void LayerRun::prepare(const fuscoMoeConfig_t* config, const int64_t* topkIdx, A
   d_.nranks = static_cast<uint32_t>(n_);
   d_.numExperts = static_cast<uint32_t>(h_.shape.numExperts);
   d_.numLocal = localOf(c_.rank());
-  const size_t bytes = carveLayerPlan(nullptr, d_, &p_);
-  if (dev_) {
-    joinFailure(h_.devBuffer.reserve(bytes), a);
-    if (!a->ok()) return;
-    carveLayerPlan(h_.devBuffer.device(), d_, &p_);
-    carveLayerPlan(h_.devBuffer.host(), d_, &st_);
-  } else {
-    h_.steps.hostMem.resize(bytes);
-    carveLayerPlan(h_.steps.hostMem.data(), d_, &p_);
-    st_ = p_;
-  }
+  joinFailure(reserve(carveLayerPlan(nullptr, d_, &p_)), a);
+  if (!a->ok()) return;
   fillTables();
   if (dev_) joinFailure(h_.devBuffer.upload(p_.tablesBytes, s_), a);
 }
@@ -144,30 +185,40 @@ void LayerRun::fillTables() {
   }
 }
 
-fuscoResult_t LayerRun::op(const char* name, const std::vector<PeerWork>& w, bool agreed) {
-  return runMoeOp(c_, name, ArgCheck(), w, agreed, s_, dev_);
+fuscoResult_t LayerRun::op(const char* name, const ArgCheck& a, const std::vector<PeerWork>& w,
+                           bool agreed, LateSizes late, std::function<void(bool)> after) {
+  // A host twin of the CUDA path runs the operations as the CUDA path does (enqueued, resolved by
+  // the progress thread, late sizes included).
+  return runMoeOp(c_, name, a, w, agreed, s_, dev_ || c_.hostTwin(), nullptr, std::move(late),
+                  std::move(after));
 }
 
-// Steps 2-6: everything but the summary and the receive lists.
-fuscoResult_t LayerRun::countsAndBases() {
+// Steps 2-3: the send side and the count messages. A capacity plan's first operation carries the
+// call's checks (`a`); a plan with sizes had a host round for them.
+fuscoResult_t LayerRun::counts(const ArgCheck& a) {
   const uint32_t mine = d_.numLocal;
-  FUSCO_CHECK(run(sendOnDevice, sendOnHost));
+  if (a.ok()) FUSCO_CHECK(run(sendOnDevice, sendOnHost));
   std::vector<PeerWork> w(n_);
-  for (int r = 0; r < n_; ++r) {
+  for (int r = 0; r < n_ && a.ok(); ++r) {
     w[r].sends.push_back(
         RowStream::flat(p_.send.countsMsg + st_.msgOff[r], (localOf(r) + 2) * sizeof(uint32_t)));
     w[r].recvs.push_back(
         RowStream::flat(p_.layout.countsIn + r * (mine + 2ull), (mine + 2) * sizeof(uint32_t)));
   }
-  FUSCO_CHECK(op("fuscoMoePlan (counts)", w, true));
+  return op("fuscoMoePlan (counts)", a, w, h_.capacity == 0);
+}
+
+// Steps 4-6: the layout, the bases back to the sources, their fan rows and combine's terms.
+fuscoResult_t LayerRun::basesAndFan() {
+  const uint32_t mine = d_.numLocal;
   FUSCO_CHECK(run(layoutOnDevice, layoutOnHost));
+  std::vector<PeerWork> w(n_);
   for (int r = 0; r < n_; ++r) {
-    w[r].sends.assign(1, RowStream::flat(p_.layout.basesOut + r * uint64_t{mine},
-                                         mine * sizeof(int64_t)));
-    w[r].recvs.assign(
-        1, RowStream::flat(p_.basesIn + prefixL_[r], localOf(r) * sizeof(int64_t)));
+    w[r].sends.push_back(
+        RowStream::flat(p_.layout.basesOut + r * uint64_t{mine}, mine * sizeof(int64_t)));
+    w[r].recvs.push_back(RowStream::flat(p_.basesIn + prefixL_[r], localOf(r) * sizeof(int64_t)));
   }
-  FUSCO_CHECK(op("fuscoMoePlan (bases)", w, true));
+  FUSCO_CHECK(op("fuscoMoePlan (bases)", ArgCheck(), w, true));
   return run(fanOnDevice, fanOnHost);
 }
 
@@ -176,13 +227,12 @@ fuscoResult_t LayerRun::countsAndBases() {
 void LayerRun::readSummary(ArgCheck* b) {
   if (dev_) {
     const char* from = h_.devBuffer.device() + p_.summaryOffset;
-    joinFailure(cudaCopyToHostSync(h_.devBuffer.host() + p_.summaryOffset, from, p_.summaryBytes,
-                                   s_),
-                b);
+    joinFailure(
+        cudaCopyToHostSync(h_.devBuffer.host() + p_.summaryOffset, from, p_.summaryBytes, s_), b);
     if (!b->ok()) return;
   }
   if (*st_.send.badSlot != gplan::kNoBadSlot) return badSlotMessage(b);
-  checkCounts(b);
+  checkSummary(h_, b);
 }
 
 // The host check's message for the first bad slot (one token's ids read back).
@@ -203,150 +253,89 @@ void LayerRun::badSlotMessage(ArgCheck* b) {
   }
 }
 
-// Sizes from the count messages; a message whose counts do not add up is malformed.
-void LayerRun::checkCounts(ArgCheck* b) {
-  MoeHandle::Sizes& z = h_.sizes;
-  const uint32_t mine = d_.numLocal;
-  z.rowsTo.assign(n_, 0), z.slotsTo.assign(n_, 0), z.rowsFrom.assign(n_, 0);
-  z.slotsFrom.assign(n_, 0);
-  uint64_t slots = 0;
-  for (int r = 0; r < n_; ++r) {
-    z.rowsTo[r] = st_.send.rowOff[r + 1] - st_.send.rowOff[r];
-    z.slotsTo[r] = st_.send.slotOff[r + 1] - st_.send.slotOff[r];
-    const uint32_t* m = st_.layout.countsIn + r * (mine + 2ull);
-    uint64_t sum = 0;
-    for (uint32_t e = 0; e < mine; ++e) sum += m[2 + e];
-    if (sum != m[1] || m[0] > m[1] || (h_.dedup == Dedup::None && m[0] != m[1])) {
-      b->fail("rank %d: malformed MoE counts from rank %d: %u rows, %u slots, %llu by expert",
-              c_.rank(), r, m[0], m[1], static_cast<unsigned long long>(sum));
-      b->status = fuscoRemoteError;
-      return;
-    }
-    z.rowsFrom[r] = m[0], z.slotsFrom[r] = m[1];
-    slots += m[1];
-  }
-  if (slots > UINT32_MAX)
-    b->fail("rank %d: %llu (row, expert) pairs to receive, more than the supported 2^32 - 1",
-            c_.rank(), static_cast<unsigned long long>(slots));
-}
-
-// Step 8: each source's kStart and fan rows for this rank, into its receive lists.
+// Step 8 of a plan with sizes: the receive lists, sized now.
 fuscoResult_t LayerRun::exchangeFanLists() {
-  const MoeHandle::Sizes& z = h_.sizes;
-  std::vector<uint32_t>& ro = h_.steps.rowOffFrom;
-  std::vector<uint32_t>& eo = h_.steps.entryOff;
-  ro.assign(n_ + 1, 0), eo.assign(n_ + 1, 0);
-  for (int s = 0; s < n_; ++s) {
-    ro[s + 1] = ro[s] + static_cast<uint32_t>(z.rowsFrom[s] + 1);
-    eo[s + 1] = eo[s] + static_cast<uint32_t>(z.slotsFrom[s]);
-  }
-  const size_t startBytes = (ro[n_] * sizeof(uint32_t) + 15) / 16 * 16;
-  const size_t bytes = startBytes + eo[n_] * sizeof(int64_t);
-  char* base = nullptr;
-  if (dev_) {
-    FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes));
-    base = h_.steps.fanBuffer.device();
-  } else {
-    h_.steps.hostFan.resize(bytes);
-    base = h_.steps.hostFan.data();
-  }
-  h_.steps.fanStart = reinterpret_cast<uint32_t*>(base);
-  h_.steps.fanRows = reinterpret_cast<int64_t*>(base + startBytes);
-  std::vector<PeerWork> w(n_);
-  for (int r = 0; r < n_; ++r) {
-    const uint32_t rOff = st_.send.rowOff[r], sOff = st_.send.slotOff[r];
-    w[r].sends.push_back(
-        RowStream::flat(p_.send.kStart + rOff + r, (z.rowsTo[r] + 1) * sizeof(uint32_t)));
-    w[r].sends.push_back(RowStream::flat(p_.fan.remoteFan + sOff, z.slotsTo[r] * sizeof(int64_t)));
-    w[r].recvs.push_back(
-        RowStream::flat(h_.steps.fanStart + ro[r], (z.rowsFrom[r] + 1) * sizeof(uint32_t)));
-    w[r].recvs.push_back(
-        RowStream::flat(h_.steps.fanRows + eo[r], z.slotsFrom[r] * sizeof(int64_t)));
-  }
-  FUSCO_CHECK(op("fuscoMoePlan (fan lists)", w, false));
+  uint64_t rows = 0, entries = 0;
+  for (int s = 0; s < n_; ++s) rows += h_.sizes.rowsFrom[s], entries += h_.sizes.slotsFrom[s];
+  FUSCO_CHECK(reserveFanLists(rows, entries));
+  std::vector<PeerWork> w;
+  fanListsWork(h_, &w);
+  FUSCO_CHECK(op("fuscoMoePlan (fan lists)", ArgCheck(), w, false));
   // Dispatch and combine on other streams wait for everything above.
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }
 
-// The receive counts on the host, then the lists where the comm's paths read them.
-void LayerRun::finish() {
-  MoeRecvPlan& rp = h_.recv;
-  const uint32_t mine = d_.numLocal;
-  rp.numRecvRows = st_.layout.totals[0];
-  rp.tokensPerLocalExpert.assign(st_.layout.tokensPerLocal, st_.layout.tokensPerLocal + mine);
-  rp.blockStart.assign(st_.layout.blockStart, st_.layout.blockStart + mine);
-  rp.padding.resize(st_.layout.totals[1]);
-  for (size_t i = 0; i < rp.padding.size(); ++i)
-    rp.padding[i] = RowRange{st_.layout.padding[2 * i], st_.layout.padding[2 * i + 1]};
-  if (dev_) {
-    deviceLists();
+// The progress thread's wait for a capacity plan's summary (copied back by its stream), bounded
+// by the comm's timeout and its peers' liveness.
+fuscoResult_t waitSummary(MoeHandle& h) {
+  Communicator& c = *h.comm;
+  const int64_t start = nowNs();
+  for (int64_t i = 0;; ++i) {
+    bool done = false;
+    FUSCO_CHECK(h.steps.summaryReady.query(&done));
+    if (done) return fuscoSuccess;
+    if (c.brokenResult() != fuscoSuccess)
+      return FUSCO_FAIL(c.brokenResult(), kPlan, "fuscoMoePlanCapacity: %s",
+                        c.brokenMessage().c_str());
+    for (int p = 0; p < c.nranks() && i % 64 == 0; ++p)
+      if (p != c.rank()) FUSCO_CHECK(c.checkPeer(p));
+    if (nowNs() - start > c.timeoutMs() * 1000000LL)
+      return FUSCO_FAIL(
+          fuscoTimeout, kPlan,
+          "fuscoMoePlanCapacity: the plan's stream work did not finish within %lld ms",
+          static_cast<long long>(c.timeoutMs()));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// A capacity plan's last operation, once its summary is on the host (on the progress thread for
+// an enqueued operation): the routing's and the capacity's verdict, the sizes and the lists.
+fuscoResult_t resolveFanLists(MoeHandle& h, Op& op) {
+  FUSCO_CHECK(waitSummary(h));
+  ArgCheck b;
+  const gplan::SendArgs& st = h.steps.staged.send;
+  if (*st.badSlot != gplan::kNoBadSlot) {
+    b.fail(
+        "MoE routing: token %llu slot %llu: an expert id outside [-1, %d) or repeated within "
+        "the token",
+        *st.badSlot / st.topk, *st.badSlot % st.topk, h.shape.numExperts);
   } else {
-    hostLists();
+    checkSummary(h, &b);
   }
+  op.argStatus = b.status;
+  op.argError = b.message;
+  if (!b.ok()) return fuscoSuccess;
+  fanListsWork(h, &op.peers);
+  // A CUDA comm's lists are pointers, known now; a host comm copies its lists out once they
+  // arrived (LayerRun::finish).
+  if (h.comm->memType() == fuscoMemCuda) finishLists(h);
+  return fuscoSuccess;
 }
 
-// CUDA comms: the device paths' pointers into the layer plan.
-void LayerRun::deviceLists() {
-  MoeHandle::DevicePlan& dv = h_.dev;
-  const gplan::SendArgs& s = p_.send;
-  dv.sendRows.resize(n_), dv.remoteFanRows.resize(n_), dv.recvFanRows.resize(n_);
-  dv.sendKStart.resize(n_), dv.recvFanStart.resize(n_);
-  for (int p = 0; p < n_; ++p) {
-    const uint32_t rOff = st_.send.rowOff[p], sOff = st_.send.slotOff[p];
-    dv.sendRows[p] = s.rows + rOff;
-    dv.remoteFanRows[p] = p_.fan.remoteFan + sOff;
-    dv.sendKStart[p] = s.kStart + rOff + p;
-    dv.recvFanStart[p] = h_.steps.fanStart + h_.steps.rowOffFrom[p];
-    dv.recvFanRows[p] = h_.steps.fanRows + h_.steps.entryOff[p];
+// Step 8 of a capacity plan: enqueued now, sized by resolveFanLists.
+fuscoResult_t LayerRun::lateFanLists() {
+  if (dev_)
+    FUSCO_CHECK(cudaCopyAsync(h_.devBuffer.host() + p_.summaryOffset,
+                              h_.devBuffer.device() + p_.summaryOffset, p_.summaryBytes, s_));
+  if (dev_) FUSCO_CHECK(h_.steps.summaryReady.record(s_));
+  std::vector<PeerWork> w(n_);
+  for (PeerWork& pw : w) {
+    pw.sends.resize(2);
+    pw.recvs.resize(2);
   }
-  dv.paddingRanges = p_.layout.padding;
-  dv.paddingLongest = 0;
-  for (const RowRange& r : h_.recv.padding) dv.paddingLongest = std::max(dv.paddingLongest, r.count);
-  dv.termStart = s.termStart;
-  dv.termRank = s.termRank;
-  dv.termRow = s.termRow;
-  dv.termWeight = s.termWeight;
-  dv.termLast = s.termLast;
+  MoeHandle* h = &h_;
+  h->planState = MoeHandle::kPlanPending;
+  FUSCO_CHECK(op(
+      "fuscoMoePlanCapacity (fan lists)", ArgCheck(), w, false,
+      [h](Op& o) { return resolveFanLists(*h, o); },
+      [h](bool ok) { h->planState = ok ? MoeHandle::kPlanReady : MoeHandle::kPlanFailed; }));
+  return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }
 
-template <typename T>
-void takeList(const T* from, size_t n, std::vector<T>* to) {
-  to->assign(from, from + n);
-}
-
-// Host comms: the host paths' lists, copied out of the layer plan.
-void LayerRun::hostLists() {
-  const gplan::SendArgs& s = p_.send;
-  const MoeHandle::Sizes& z = h_.sizes;
-  MoeSendPlan& sp = h_.send;
-  sp.numTokens = h_.numTokens, sp.topk = h_.topk;
-  for (auto* v : {&sp.rows, &h_.remoteFanRows, &h_.weightIdx}) v->resize(n_);
-  sp.meta.resize(n_), sp.kStart.resize(n_), sp.kSlots.resize(n_);
-  h_.recv.fanStart.resize(n_), h_.recv.fanRows.resize(n_);
-  for (int r = 0; r < n_; ++r) {
-    const uint32_t rOff = s.rowOff[r], sOff = s.slotOff[r];
-    takeList(s.rows + rOff, z.rowsTo[r], &sp.rows[r]);
-    takeList(s.meta + rOff + sOff, z.rowsTo[r] + z.slotsTo[r], &sp.meta[r]);
-    takeList(s.kStart + rOff + r, z.rowsTo[r] + 1, &sp.kStart[r]);
-    takeList(s.kSlots + sOff, z.slotsTo[r], &sp.kSlots[r]);
-    takeList(p_.fan.remoteFan + sOff, z.slotsTo[r], &h_.remoteFanRows[r]);
-    takeList(s.weightIdx + sOff, z.slotsTo[r], &h_.weightIdx[r]);
-    takeList(h_.steps.fanStart + h_.steps.rowOffFrom[r], z.rowsFrom[r] + 1, &h_.recv.fanStart[r]);
-    takeList(h_.steps.fanRows + h_.steps.entryOff[r], z.slotsFrom[r], &h_.recv.fanRows[r]);
-  }
-  takeList(topk_, h_.numTokens * h_.topk, &h_.topkIdx);
-}
-
-// FUSCO_PLAN_TRACE's line for a plan made by the steps.
-void traceSizes(const MoeHandle& h) {
-  std::string to;
-  for (size_t r = 0; r < h.sizes.rowsTo.size(); ++r)
-    to += (r ? "," : "") + std::to_string(h.sizes.rowsTo[r]);
-  FUSCO_LOG_ALWAYS(LogLevel::Info, kPlan,
-                   "plan rank %d by the GPU planner's steps (%s): dedup %s, rows to peers [%s], "
-                   "recv %zu rows (%zu padding ranges)",
-                   h.comm->rank(), h.comm->memType() == fuscoMemCuda ? "kernels" : "host twin",
-                   dedupName(h.dedup), to.c_str(), h.recv.numRecvRows, h.recv.padding.size());
+void LayerRun::finish() {
+  if (h_.capacity == 0 || !dev_) finishLists(h_);
+  if (!dev_) h_.topkIdx.assign(topk_, topk_ + h_.numTokens * h_.topk);
+  if (paramPlanTrace() != 0 && (h_.capacity == 0 || !dev_)) traceSizes(h_);
 }
 
 // A round of no data whose outcome is every rank's verdict on `a`.
@@ -363,14 +352,23 @@ fuscoResult_t planMoeSteps(const fuscoMoeConfig_t* config, const int64_t* topkId
   LayerRun run(*h, stream);
   run.prepare(config, topkIdx, &a);
   if (a.ok()) c.agreeInCall(planAgreement(*h));
-  FUSCO_CHECK(verdict(c, "fuscoMoePlan (checks)", a));
-  FUSCO_CHECK(run.countsAndBases());
-  ArgCheck b;
-  run.readSummary(&b);
-  FUSCO_CHECK(verdict(c, "fuscoMoePlan (routing)", b));
-  FUSCO_CHECK(run.exchangeFanLists());
+  if (h->capacity != 0) {
+    // No host round and no read back: the checks ride on the first operation, the verdict on the
+    // last, which the progress thread sizes once the summary is back (docs/DESIGN.md).
+    FUSCO_CHECK(run.counts(a));
+    FUSCO_CHECK(run.basesAndFan());
+    FUSCO_CHECK(run.lateFanLists());
+  } else {
+    FUSCO_CHECK(verdict(c, "fuscoMoePlan (checks)", a));
+    FUSCO_CHECK(run.counts(ArgCheck()));
+    FUSCO_CHECK(run.basesAndFan());
+    ArgCheck b;
+    run.readSummary(&b);
+    FUSCO_CHECK(verdict(c, "fuscoMoePlan (routing)", b));
+    FUSCO_CHECK(run.exchangeFanLists());
+    h->planState = MoeHandle::kPlanReady;
+  }
   run.finish();
-  if (paramPlanTrace() != 0) traceSizes(*h);
   return fuscoSuccess;
 }
 

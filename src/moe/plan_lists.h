@@ -1,0 +1,25 @@
+// The part of a plan by the steps (plan_layer.h) that reads only the handle and its summary on
+// the host: a capacity plan runs it on the progress thread (engine.h's Op::late) once the summary
+// has come back; a plan with sizes runs it on the caller's thread after its one read back.
+#pragma once
+
+#include <vector>
+
+#include "core/arg_check.h"
+#include "engine/engine.h"
+#include "moe/moe_handle.h"
+
+namespace fusco {
+
+// The sizes the summary gives (h.sizes), after checking the count messages that arrived
+// (fuscoRemoteError naming the source) and the receive rows against h.capacity.
+void checkSummary(MoeHandle& h, ArgCheck* b);
+// The last operation's work: each source's kStart and fan rows for each destination, into the
+// receive lists at h.steps.fanStart / fanRows (sets the offsets rowOffFrom and entryOff).
+void fanListsWork(MoeHandle& h, std::vector<PeerWork>* work);
+// The receive counts on the host and the lists where the comm's paths read them.
+void finishLists(MoeHandle& h);
+// FUSCO_PLAN_TRACE's line for a plan made by the steps.
+void traceSizes(const MoeHandle& h);
+
+}  // namespace fusco
