@@ -1,0 +1,136 @@
+// Capacity mode on CUDA comms (fuscoMoePlanCapacity, docs/API.md): plan, dispatch and combine
+// only enqueue (a spin kernel holds the stream while every call returns), the results equal the
+// sequential reference, the counts are on the device, and a routing past a rank's capacity is an
+// asynchronous error on every rank that moves nothing, after which the comm still works.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_harness.h"
+#include "gpu/gpu_kernels.h"
+#include "gpu/gpu_moe.h"
+#include "harness/data_gen.h"
+#include "harness/moe_cases.h"
+#include "harness/mp_harness.h"
+
+namespace {
+
+using fusco::test::CombineSetup;
+using fusco::test::nowSec;
+using fusco::test::RankCtx;
+using namespace fusco::test::gpu;
+
+CombineSetup capacityCase(int n, uint64_t seed) {
+  fusco::test::MoeCase c = oneNodeCase(n);
+  c.numExperts = 4 * n;
+  c.topk = 4;
+  c.numTokens.assign(n, 0);
+  for (int r = 0; r < n; ++r) c.numTokens[r] = 200 + 37 * r;
+  c.align = 8;
+  return fusco::test::makeCombine(c, seed, fuscoBfloat16, 64);
+}
+
+size_t mostRows(const CombineSetup& s) {
+  return *std::max_element(s.d.numRecvRows.begin(), s.d.numRecvRows.end());
+}
+
+fuscoResult_t planCapacity(fuscoComm_t comm, int rank, const CombineSetup& s, const DevBuf& idx,
+                           size_t capacity, cudaStream_t st, fuscoMoeHandle_t* h) {
+  fuscoMoeConfig_t cfg = fusco::test::moeConfig(s.c, FUSCO_DEDUP_RANK);
+  return fuscoMoePlanCapacity(h, comm, &cfg, static_cast<const int64_t*>(idx.get()),
+                              s.p.numTokens[rank], s.p.topk, capacity, st);
+}
+
+// Plan + dispatch + combine enqueued behind a 2 s spin: all return within 1 s; then the bytes.
+TEST(GpuMoeCapacity, PlanDispatchCombineOnlyEnqueueAndMatchTheReference) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const cudaStream_t st = stream.get();
+    const CombineSetup s = capacityCase(4, seed);
+    const size_t capacity = mostRows(s) + 16, rowOut = s.hidden * 2;
+    DevBuf idx = toDevice(comm, s.p.topkIdx[ctx.rank]);
+    DevBuf x = toDevice(comm, s.x[ctx.rank]);
+    DevBuf recvX = poisonedBuf(comm, capacity * rowOut), expertOut(comm, capacity * rowOut);
+    expertOut.upload(s.expertOut[ctx.rank]);
+    DevBuf w = toDevice(comm, s.weights[ctx.rank]);
+    DevBuf out = poisonedBuf(comm, s.p.numTokens[ctx.rank] * rowOut);
+    CUDA_ASSERT_OK(spinAsync(st, 2.0));
+    const double t0 = nowSec();
+    fuscoMoeHandle_t h = nullptr;
+    FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, s, idx, capacity, st, &h));
+    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), st));
+    FUSCO_EXPECT_OK(comm, fuscoMoeCombine(h, expertOut.get(), fuscoBfloat16, s.hidden,
+                                          static_cast<const float*>(w.get()), out.get(), st));
+    EXPECT_LT(nowSec() - t0, 1.0) << "a capacity-mode call waited for the stream";
+    CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+    const size_t need = s.d.numRecvRows[ctx.rank];
+    const std::vector<uint8_t> got = recvX.download();
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + need * rowOut, s.d.recvX[ctx.rank].begin()));
+    EXPECT_EQ(fusco::test::findNotPoison(got.data() + need * rowOut, (capacity - need) * rowOut),
+              SIZE_MAX);
+    const auto want = fusco::test::moeRefCombine(s.p, s.d, s.expertOut, s.dt, s.hidden, s.weights);
+    EXPECT_TRUE(out.download() == want[ctx.rank]);
+    const int64_t* rows = nullptr;
+    const int64_t* perExpert = nullptr;
+    FUSCO_EXPECT_OK(comm, fuscoMoeGetRecvCountsDevice(h, &rows, &perExpert));
+    int64_t hostRows = -1;
+    CUDA_EXPECT_OK(cudaMemcpy(&hostRows, rows, sizeof hostRows, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(static_cast<size_t>(hostRows), need);
+    size_t viaHost = 0;
+    FUSCO_EXPECT_OK(comm, fuscoMoeGetRecvCounts(h, &viaHost, nullptr));
+    EXPECT_EQ(viaHost, need);
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+  });
+}
+
+// Rank 0's capacity one row short: every call returns (enqueued), nothing lands in any recvX,
+// every rank's async error names the numbers or the failed plan, and a later plan works.
+TEST(GpuMoeCapacity, OverflowIsAnAsyncErrorOnEveryRankAndMovesNothing) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  runGpuRanksOnStream(3, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const cudaStream_t st = stream.get();
+    const CombineSetup s = capacityCase(3, seed);
+    const size_t need = s.d.numRecvRows[ctx.rank], rowOut = s.hidden * 2;
+    const size_t capacity = ctx.rank == 0 ? need - 1 : need;
+    DevBuf idx = toDevice(comm, s.p.topkIdx[ctx.rank]);
+    DevBuf x = toDevice(comm, s.x[ctx.rank]);
+    DevBuf recvX = poisonedBuf(comm, capacity * rowOut);
+    fuscoMoeHandle_t h = nullptr;
+    FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, s, idx, capacity, st, &h));
+    CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+    size_t rows = 0;
+    EXPECT_EQ(fuscoMoeGetRecvCounts(h, &rows, nullptr), fuscoInvalidUsage);  // the plan resolved
+    fuscoResult_t async = fuscoSuccess;
+    FUSCO_EXPECT_OK(comm, fuscoCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, fuscoInvalidArgument);
+    const std::string msg = fuscoGetLastError(comm);
+    const std::string numbers = "needs " + std::to_string(s.d.numRecvRows[0]) +
+                                " receive rows (padding included), more than its recvCapacity of " +
+                                std::to_string(s.d.numRecvRows[0] - 1);
+    EXPECT_NE(msg.find(numbers), std::string::npos) << msg;  // rank 0's numbers, on every rank
+    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), st));
+    CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+    FUSCO_EXPECT_OK(comm, fuscoCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, fuscoInvalidArgument) << "a dispatch of a failed plan";
+    const std::vector<uint8_t> got = recvX.download();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] == 0xA5 || got[i] == 0) continue;  // poison, or a padding row zeroed in bounds
+      ADD_FAILURE() << "byte " << i << " of recvX was written by a failed dispatch";
+      break;
+    }
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, s, idx, need, st, &h));
+    DevBuf again = poisonedBuf(comm, need * rowOut);
+    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, x.get(), rowOut, again.get(), st));
+    CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+    EXPECT_TRUE(again.download() == s.d.recvX[ctx.rank]) << "after the overflow";
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+  });
+}
+
+}  // namespace
