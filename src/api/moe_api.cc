@@ -31,8 +31,10 @@ ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size
         "fuscoMoeDispatch: rowBytes %zu x %zu received rows (or %zu tokens) overflows a byte "
         "size",
         rowBytes, recvRows, h.numTokens);
-  if (x == nullptr && h.rowsToSend() > 0)
-    a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", h.rowsToSend());
+  // A capacity plan's sizes are the progress thread's: its tokens bound what it sends.
+  const size_t sendRows = h.capacity != 0 ? h.numTokens : h.rowsToSend();
+  if (x == nullptr && sendRows > 0)
+    a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", sendRows);
   if (recvX == nullptr && recvRows > 0)
     a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", recvRows);
   checkDevicePtr(comm, x, "fuscoMoeDispatch", "x", &a);

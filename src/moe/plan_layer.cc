@@ -323,8 +323,9 @@ fuscoResult_t LayerRun::lateFanLists() {
     pw.sends.resize(2);
     pw.recvs.resize(2);
   }
+  // planState changes on the progress thread only, in call order: an earlier dispatch still
+  // resolving sees the plan it was called with.
   MoeHandle* h = &h_;
-  h->planState = MoeHandle::kPlanPending;
   FUSCO_CHECK(op(
       "fuscoMoePlanCapacity (fan lists)", ArgCheck(), w, false,
       [h](Op& o) { return resolveFanLists(*h, o); },
@@ -349,6 +350,8 @@ fuscoResult_t verdict(Communicator& c, const char* name, const ArgCheck& a) {
 fuscoResult_t planMoeSteps(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
                            ArgCheck a, MoeHandle* h) {
   Communicator& c = *h->comm;
+  // A handle planned again: nothing queued may still read the plan this call rewrites.
+  if (h->capacity != 0) moeQuiesce(*h);
   LayerRun run(*h, stream);
   run.prepare(config, topkIdx, &a);
   if (a.ok()) c.agreeInCall(planAgreement(*h));
