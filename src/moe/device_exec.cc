@@ -14,6 +14,35 @@
 
 namespace fusco {
 
+namespace {
+
+// Combine's reading kernel (the pull operation's run, enqueued on the caller's thread). The ranks'
+// mapped bases are filled in by the progress thread once the peers agreed (engine_async.h); the
+// kernel reads them when the stream reaches it. What it takes from the handle is copied now, so
+// the run never refers to a handle that a later replan rewrites.
+PullRun finalSumRun(const MoeHandle& h, fuscoDataType_t dt, size_t hidden, const float* weights,
+                    void* out) {
+  DevFinalSum f;
+  f.termStart = h.dev.termStart;
+  f.termRank = h.dev.termRank;
+  f.termRow = h.dev.termRow;
+  f.termWeight = h.dev.termWeight;
+  f.termLast = h.dev.termLast;
+  f.weights = weights;
+  f.out = static_cast<char*>(out);
+  f.ntokens = h.numTokens;
+  return [f, dt, hidden](const char* const* bases, const uint32_t* basesAligned,
+                         void* s) -> fuscoResult_t {
+    if (f.ntokens == 0) return fuscoSuccess;
+    DevFinalSum g = f;
+    g.bases = bases;
+    g.basesAligned = basesAligned;
+    return deviceFinalSum(dt, hidden, g, s);
+  };
+}
+
+}  // namespace
+
 fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
                              void* stream, std::vector<PeerWork>* work) {
   Communicator& c = *h.comm;
@@ -37,7 +66,9 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
                                     h.dev.paddingLongest, stream),
                 &a);
   }
-  return runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true);
+  FUSCO_CHECK(runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true));
+  // A replan's upload waits for this call's kernels, which read the lists (device_plan.cc).
+  return h.devBuffer.markUsed(stream);
 }
 
 fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
@@ -72,25 +103,9 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
     work[p].sends.push_back(s);
     work[p].recvs.push_back(RowStream::indexed(nullptr, rowOut, nullptr, h.send.kSlots[p].size()));
   }
-  // The ranks' mapped bases are filled in by the progress thread once the peers agreed
-  // (engine_async.h); the kernel reads them when the stream reaches it.
-  auto sum = [&h, dt, hidden, topkWeights, out](
-                 const char* const* bases, const uint32_t* basesAligned, void* s) -> fuscoResult_t {
-    if (h.numTokens == 0) return fuscoSuccess;
-    DevFinalSum f;
-    f.bases = bases;
-    f.basesAligned = basesAligned;
-    f.termStart = h.dev.termStart;
-    f.termRank = h.dev.termRank;
-    f.termRow = h.dev.termRow;
-    f.termWeight = h.dev.termWeight;
-    f.termLast = h.dev.termLast;
-    f.weights = topkWeights;
-    f.out = static_cast<char*>(out);
-    f.ntokens = h.numTokens;
-    return deviceFinalSum(dt, hidden, f, s);
-  };
-  return runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum);
+  FUSCO_CHECK(runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true,
+                       finalSumRun(h, dt, hidden, topkWeights, out)));
+  return h.devBuffer.markUsed(stream);
 }
 
 }  // namespace fusco

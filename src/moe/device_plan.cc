@@ -79,7 +79,9 @@ fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
   const size_t tstart = pk.take(st.start.size() * 4), trank = pk.take(st.rank.size() * 4);
   const size_t trow = pk.take(st.row.size() * 8), twt = pk.take(st.weight.size() * 8);
   const size_t tlast = pk.take(st.last.size());
-  FUSCO_CHECK(h.devBuffer.reserve(pk.at));
+  // The host side is rewritten once the previous upload's copy is done; the upload waits for the
+  // dispatches and combines that read the previous lists (DeviceBuffer::markUsed).
+  FUSCO_CHECK(h.devBuffer.reserve(pk.at, h.comm->timeoutMs()));
   char* host = h.devBuffer.host();
   for (int p = 0; p < n; ++p) {
     put(host, sRows[p], h.send.rows[p]);
