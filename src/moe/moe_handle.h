@@ -1,7 +1,8 @@
-// The state behind a fuscoMoeHandle_t: the plans of one fuscoMoePlan call and the buffers that
-// dispatch and combine reuse across calls.
+// The state behind a fuscoMoeHandle_t: the plans of its last fuscoMoePlan or fuscoMoeReplan call
+// and the buffers that dispatch, combine and the next replan reuse across calls.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "device/cuda_rt.h"
@@ -13,10 +14,36 @@
 
 namespace fusco {
 
+// Where one list of a plan keeps its elements, and how many bytes it holds there (its capacity).
+struct ListStorage {
+  std::string name;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  bool operator==(const ListStorage& o) const {
+    return name == o.name && data == o.data && bytes == o.bytes;
+  }
+};
+
+// The engine operations of one planning call, named after it in messages.
+struct PlanNames {
+  const char* call;
+  const char* nodeCounts;
+  const char* metadata;
+  const char* forwarded;
+  const char* fanRows;
+};
+
 struct MoeHandle {
   Communicator* comm = nullptr;
+  // The config of the fuscoMoePlan that made the handle, for its replans: the placement and the
+  // alignment are in `shape`, the resolved dedup mode in `dedup`, the requested balance here.
   MoeShape shape;
   Dedup dedup = Dedup::Rank;
+  int balance = FUSCO_BALANCE_AUTO;
+  // False from the start of a replan until it succeeds: dispatch, combine and the receive counts
+  // refuse the handle meanwhile (a failed replan failed on every rank, docs/API.md).
+  bool planned = false;
+  const PlanNames* names = nullptr;  // of the call that planned it last
   MoeSendPlan send;
   MoeRecvPlan recv;
   size_t numTokens = 0;
@@ -28,6 +55,13 @@ struct MoeHandle {
   // the CSR shape send.kStart[r]), so dispatch can write final rows straight into r's buffer.
   std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
+
+  // The plan exchanges' working lists ([nranks] each), kept so that a replan reuses their storage.
+  struct PlanScratch {
+    std::vector<std::vector<int32_t>> metaFrom;  // RANK-format metadata from each source
+    std::vector<std::vector<int32_t>> wordsOut, blocksOut, blocksIn;  // NODE dedup's steps 2, 3
+    std::vector<std::vector<int64_t>> fanOut, fanIn;                  // NODE dedup's fan rows
+  } scratch;
 
   // NODE dedup across nodes (dedup == Node): `send` above is then the RANK plan, used for the
   // ranks of this node and for the routing weights; rows for other nodes go through forwarders.
@@ -58,8 +92,20 @@ struct MoeHandle {
     const int64_t* termRow = nullptr;
     const int64_t* termWeight = nullptr;
     const uint8_t* termLast = nullptr;
+    // Their host side, kept for the next upload: start [numTokens + 1]; the rest one per term.
+    struct Terms {
+      std::vector<uint32_t> start, rank;
+      std::vector<int64_t> row, weight;
+      std::vector<uint8_t> last;
+    } terms;
   } dev;
   DeviceBuffer devBuffer;
+
+  // Every list the plan holds and the device buffer's two sides: the same before and after a
+  // replan that fits in what the handle holds (tests/mp/test_moe_replan.cc checks that a replan
+  // allocates none of them again; the capacity shows a list allocated anew at a smaller size even
+  // where the allocator hands the same address back).
+  std::vector<ListStorage> storage() const;
 
   size_t rowsToSend() const {
     size_t n = 0;
