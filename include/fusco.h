@@ -263,6 +263,20 @@ fuscoResult_t fuscoMoeGetRecvCountsDevice(fuscoMoeHandle_t handle, const int64_t
 /* [out] bytes: size of one element of datatype. */
 fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes);
 
+/* Re-plans handle in place for a new routing (the next layer): the same config as the
+ * fuscoMoePlan that made it; numTokens and topk may change. Collective like fuscoMoePlan (every
+ * rank replans its handle of that plan), same errors; no allocation when the new plan fits in
+ * what the handle already holds. Afterwards the handle is exactly what fuscoMoeHandleDestroy and
+ * fuscoMoePlan with the same config and the new routing would give (receive counts, dispatch and
+ * combine results; stats start from zero). A failed replan fails on every rank and leaves the
+ * handle unplanned: fuscoMoeDispatch, fuscoMoeCombine and fuscoMoeGetRecvCounts return
+ * fuscoInvalidUsage on it until a replan succeeds; fuscoMoeHandleDestroy always works.
+ * fuscoMemCuda comms: the new lists reach the device on `stream` once every dispatch and combine
+ * enqueued earlier on the handle (on any stream) is done with the old ones; graphs that captured
+ * the handle's dispatch or combine must not be replayed after it. Cannot be captured itself. */
+fuscoResult_t fuscoMoeReplan(fuscoMoeHandle_t handle, const int64_t* topkIdx, size_t numTokens,
+                             int topk, void* stream);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

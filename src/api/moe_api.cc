@@ -3,8 +3,10 @@
 // promptly (docs/API.md, "The collective error rule").
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "api/api_internal.h"
+#include "api/moe_inspect.h"
 #include "core/checked_math.h"
 #include "moe/moe.h"
 #include "moe/moe_config.h"
@@ -68,6 +70,26 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
   return a;
 }
 
+// A handle whose last fuscoMoeReplan failed. That call failed on every rank (docs/API.md, "The
+// collective error rule"; a failure that was not agreed broke the communicator), so every rank's
+// handle is unplanned alike: a call on it fails on each rank by itself, joining no collective,
+// and no peer waits for it.
+bool unplanned(fuscoMoeHandle_t handle) {
+  return isLive(LiveKind::MoeHandle, handle) && !handle->impl.planned;
+}
+
+fuscoResult_t refuseUnplanned(const char* fn) {
+  return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                    "%s: the handle's last fuscoMoeReplan failed; it must be replanned "
+                    "(fuscoMoeReplan) before it can be used again",
+                    fn);
+}
+
+// The calls that use a handle's plan: collective unless the handle is unplanned (see above).
+CallKind planUseKind(fuscoMoeHandle_t handle) {
+  return unplanned(handle) ? CallKind::None : CallKind::Collective;
+}
+
 // fuscoMoePlan and fuscoMoePlanCapacity (capacityMode; capacity 0 is then invalid).
 fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fuscoMoeConfig_t* config,
                          const int64_t* topkIdx, size_t numTokens, int topk, bool capacityMode,
@@ -99,6 +121,12 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
 
 }  // namespace
 
+bool fusco::moeHandleStorage(fuscoMoeHandle_t handle, std::vector<ListStorage>* out) {
+  if (!isLive(LiveKind::MoeHandle, handle)) return false;
+  *out = handle->impl.storage();
+  return true;
+}
+
 extern "C" {
 
 fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,
@@ -115,13 +143,31 @@ fuscoResult_t fuscoMoePlanCapacity(fuscoMoeHandle_t* handle, fuscoComm_t comm,
                     "fuscoMoePlanCapacity");
 }
 
+fuscoResult_t fuscoMoeReplan(fuscoMoeHandle_t handle, const int64_t* topkIdx, size_t numTokens,
+                             int topk, void* stream) {
+  fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  return guarded(comm, "fuscoMoeReplan", CallKind::Collective, [&]() -> fuscoResult_t {
+    FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeReplan"));
+    FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeReplan"));
+    FUSCO_CHECK(checkComm(comm, "fuscoMoeReplan"));
+    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Plan));
+    ArgCheck a;
+    checkStream(comm, stream, "fuscoMoeReplan", &a);
+    if (numTokens > 0 && topkIdx == nullptr)
+      a.fail("fuscoMoeReplan: topkIdx is NULL with %zu tokens", numTokens);
+    checkDevicePtr(comm, topkIdx, "fuscoMoeReplan", "topkIdx", &a);
+    return replanMoe(topkIdx, numTokens, topk, stream, a, &handle->impl);
+  });
+}
+
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
   fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
-  return guarded(comm, "fuscoMoeDispatch", CallKind::Collective, [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoMoeDispatch", planUseKind(handle), [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
+    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeDispatch");
     FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Dispatch));
     MoeHandle& h = handle->impl;
     const ArgCheck a = checkDispatch(comm, h, x, rowBytes, recvX, stream);
@@ -133,10 +179,11 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream) {
   fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
-  return guarded(comm, "fuscoMoeCombine", CallKind::Collective, [&]() -> fuscoResult_t {
+  return guarded(comm, "fuscoMoeCombine", planUseKind(handle), [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
+    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeCombine");
     FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Combine));
     MoeHandle& h = handle->impl;
     const int dt = rawEnum(datatype);
@@ -153,6 +200,7 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
+    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeGetRecvCounts");
     if (handle->impl.capacity != 0) {
       if (liveCommOf(LiveKind::MoeHandle, handle) == nullptr)
         return FUSCO_FAIL(fuscoInvalidUsage, kApi,

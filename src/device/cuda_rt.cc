@@ -1,7 +1,10 @@
 #include "device/cuda_rt.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -198,7 +201,31 @@ void cudaRelaxCaptureOnThisThread() {
   cudaThreadExchangeStreamCaptureMode(&mode);
 }
 
+namespace {
+
+// Waits on the host until `event` completed, polling, so the wait ends within timeoutMs (a stream
+// stalled by a dead peer is released by its communicator within that time).
+fuscoResult_t waitEventWithin(void* event, int64_t timeoutMs, const char* what) {
+  const Deadline deadline(timeoutMs);
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (q == cudaSuccess) return fuscoSuccess;
+    if (q != cudaErrorNotReady) return FUSCO_CUDA_FAIL(q, kEngine, what);
+    cudaGetLastError();
+    if (deadline.expired())
+      return FUSCO_FAIL(fuscoTimeout, kEngine, "%s did not complete within the timeout (%lld ms)",
+                        what, static_cast<long long>(timeoutMs));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
 DeviceBuffer::~DeviceBuffer() {
+  for (void* e : useEvents_) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(e));
+    cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
   if (event_) {
     cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
     cudaEventDestroy(static_cast<cudaEvent_t>(event_));
@@ -208,9 +235,13 @@ DeviceBuffer::~DeviceBuffer() {
   cudaGetLastError();
 }
 
-fuscoResult_t DeviceBuffer::reserve(size_t bytes) {
-  if (event_) FUSCO_CUDACHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), kEngine);
+fuscoResult_t DeviceBuffer::reserve(size_t bytes, int64_t timeoutMs) {
+  if (event_) FUSCO_CHECK(waitEventWithin(event_, timeoutMs, "the previous upload"));
   if (bytes <= cap_) return fuscoSuccess;
+  // The old device memory is freed: every enqueued reader must be done with it.
+  for (size_t i = 0; i < uses_; ++i)
+    FUSCO_CHECK(waitEventWithin(useEvents_[i], timeoutMs, "enqueued work reading the old lists"));
+  uses_ = 0;
   size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
   if (dev_) FUSCO_CUDACHECK(cudaFree(dev_), kEngine);
   if (host_) FUSCO_CUDACHECK(cudaFreeHost(host_), kEngine);
@@ -222,8 +253,19 @@ fuscoResult_t DeviceBuffer::reserve(size_t bytes) {
   return fuscoSuccess;
 }
 
+// Stream-ordered: the upload on `stream` starts after every recorded use of the old contents.
+fuscoResult_t DeviceBuffer::waitUsesOn(void* stream) {
+  for (size_t i = 0; i < uses_; ++i)
+    FUSCO_CUDACHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                        static_cast<cudaEvent_t>(useEvents_[i]), 0),
+                    kEngine);
+  uses_ = 0;
+  return fuscoSuccess;
+}
+
 fuscoResult_t DeviceBuffer::upload(size_t bytes, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  FUSCO_CHECK(waitUsesOn(stream));
   if (bytes > 0)
     FUSCO_CUDACHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, s), kEngine);
   if (event_ == nullptr) {
@@ -232,6 +274,28 @@ fuscoResult_t DeviceBuffer::upload(size_t bytes, void* stream) {
     event_ = e;
   }
   FUSCO_CUDACHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), s), kEngine);
+  return fuscoSuccess;
+}
+
+fuscoResult_t DeviceBuffer::markUsed(void* stream) {
+  bool capturing = false;
+  FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
+  if (capturing) return fuscoSuccess;
+  // One event per stream: a later use on the same stream follows the earlier one there.
+  size_t i = 0;
+  while (i < uses_ && useStreams_[i] != stream) ++i;
+  if (i == uses_) {
+    if (uses_ == useEvents_.size()) {
+      cudaEvent_t e;
+      FUSCO_CUDACHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), kEngine);
+      useEvents_.push_back(e);
+      useStreams_.push_back(nullptr);
+    }
+    useStreams_[uses_++] = stream;
+  }
+  FUSCO_CUDACHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(useEvents_[i]), static_cast<cudaStream_t>(stream)),
+      kEngine);
   return fuscoSuccess;
 }
 
@@ -330,9 +394,11 @@ fuscoResult_t StreamEvent::query(bool* done) const {
 }
 fuscoResult_t StreamEvent::synchronize() const { return fuscoSuccess; }
 DeviceBuffer::~DeviceBuffer() = default;
-fuscoResult_t DeviceBuffer::reserve(size_t) { return notBuilt(); }
+fuscoResult_t DeviceBuffer::reserve(size_t, int64_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
+fuscoResult_t DeviceBuffer::markUsed(void*) { return notBuilt(); }
+fuscoResult_t DeviceBuffer::waitUsesOn(void*) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
 size_t deviceCopyBatchBytes() { return 0; }
 size_t deviceCopyBatchSlots(size_t) { return 0; }

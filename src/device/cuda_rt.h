@@ -87,7 +87,12 @@ class StreamEvent {
 
 // Device memory owned by one object, grown on demand (contents not kept), with a pinned host
 // mirror for stream-ordered uploads: fill host(), then upload() enqueues the copy and records an
-// event that later streams wait on (waitUploaded), and a later fill first waits for it.
+// event that later streams wait on (waitUploaded). The contents may be uploaded again while work
+// that reads the device side is still enqueued: markUsed(stream) after each such use records it
+// (an event per stream), the next upload waits for every recorded use on its own stream first,
+// and reserve() waits on the host, up to timeoutMs, for the previous upload's copy (before the
+// host side is written again) and, when it grows, for every recorded use (before the old device
+// memory is freed).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -95,17 +100,25 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   // Makes room for `bytes` on both sides; the host side is safe to write on success.
-  fuscoResult_t reserve(size_t bytes);
+  fuscoResult_t reserve(size_t bytes, int64_t timeoutMs);
   char* host() const { return host_; }
   char* device() const { return dev_; }
+  size_t capacity() const { return cap_; }
   fuscoResult_t upload(size_t bytes, void* stream);
   fuscoResult_t waitUploaded(void* stream);
+  // Work enqueued on `stream` so far may read the device side. Nothing is recorded while the
+  // stream is captured into a CUDA graph: a graph's replays are ordered by whoever launches them.
+  fuscoResult_t markUsed(void* stream);
 
  private:
+  fuscoResult_t waitUsesOn(void* stream);
   char* host_ = nullptr;
   char* dev_ = nullptr;
   size_t cap_ = 0;
   void* event_ = nullptr;
+  // The recorded uses since the last upload: uses_ streams and their events (kept for reuse).
+  std::vector<void*> useStreams_, useEvents_;
+  size_t uses_ = 0;
 };
 
 }  // namespace fusco

@@ -20,14 +20,14 @@ size_t LayoutPlan::totalRecvRows() const {
 
 // Copies every row list to the device once (stream-ordered on the legacy stream; a shuffle's
 // stream waits for it).
-fuscoResult_t LayoutPlan::upload() {
+fuscoResult_t LayoutPlan::upload(int64_t timeoutMs) {
   const int n = static_cast<int>(sendRows.size());
   size_t total = 0;
   sendAt.assign(n, 0);
   recvAt.assign(n, 0);
   for (int p = 0; p < n; ++p) sendAt[p] = total, total += sendRows[p].size();
   for (int p = 0; p < n; ++p) recvAt[p] = total, total += recvRows[p].size();
-  FUSCO_CHECK(deviceRows.reserve(total * sizeof(int64_t)));
+  FUSCO_CHECK(deviceRows.reserve(total * sizeof(int64_t), timeoutMs));
   int64_t* h = reinterpret_cast<int64_t*>(deviceRows.host());
   for (int p = 0; p < n; ++p) {
     std::copy(sendRows[p].begin(), sendRows[p].end(), h + sendAt[p]);
@@ -66,7 +66,7 @@ fuscoResult_t LayoutPlan::create(Communicator& c, const ArgCheck& a) {
   FUSCO_CHECK(runOp(c, check));
   if (c.memType() != fuscoMemCuda) return fuscoSuccess;
   FUSCO_CHECK(c.useDevice());
-  return upload();
+  return upload(c.timeoutMs());
 }
 
 fuscoResult_t LayoutPlan::shuffle(Communicator& c, const void* sendbuff, void* recvbuff,

@@ -31,7 +31,7 @@ struct LayoutPlan {
                         const ArgCheck& a);
 
  private:
-  fuscoResult_t upload();
+  fuscoResult_t upload(int64_t timeoutMs);
   Op op(const void* sendbuff, void* recvbuff, const char* name) const;
 };
 

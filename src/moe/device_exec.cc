@@ -59,6 +59,13 @@ void combineStreams(const MoeHandle& h, const char* offered, size_t rowOut, size
   }
 }
 
+// A replan's upload waits for this call's kernels, which read the plan's lists (the layer plan
+// and, for a plan by the steps, its receive lists too).
+fuscoResult_t markListsUsed(MoeHandle& h, void* stream) {
+  FUSCO_CHECK(h.devBuffer.markUsed(stream));
+  return h.bySteps ? h.steps.fanBuffer.markUsed(stream) : fuscoSuccess;
+}
+
 }  // namespace
 
 size_t recvRowsBound(const MoeHandle& h) {
@@ -98,7 +105,9 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
                                     h.dev.paddingLongest, stream),
                 &a);
   }
-  return runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true, nullptr, std::move(late));
+  FUSCO_CHECK(
+      runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true, nullptr, std::move(late)));
+  return markListsUsed(h, stream);
 }
 
 fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
@@ -158,7 +167,8 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
     f.basesAligned = basesAligned;
     return deviceFinalSum(dt, hidden, f, s);
   };
-  return runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum, std::move(late));
+  FUSCO_CHECK(runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum, std::move(late)));
+  return markListsUsed(h, stream);
 }
 
 }  // namespace fusco

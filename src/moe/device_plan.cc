@@ -1,6 +1,6 @@
 // The plan's index lists on the device for fuscoMemCuda comms: one packed upload per plan
 // (stream-ordered; dispatch and combine wait for it), including the terms of combine's sum at the
-// source in the fixed order of docs/API.md.
+// source in the fixed order of docs/API.md. A replan uploads into the same buffer when it fits.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -29,17 +29,13 @@ void put(char* host, size_t off, const std::vector<T>& v) {
 // The combine sum's terms, read from the ranks' expert outputs (docs/API.md's tree on one node):
 // per token, one group per rank that holds rows of it (rank ascending), closed by `last`; in a
 // group, each of the token's (t, k) rows at that rank, weighted, in the order the rank received
-// them (its fan rows, as it sent this rank in remoteFanRows).
-struct SumTerms {
-  std::vector<uint32_t> start, rank;  // start: [numTokens + 1]
-  std::vector<int64_t> row, weight;
-  std::vector<uint8_t> last;
-};
-
-void combineSumTerms(const MoeHandle& h, SumTerms* st) {
+// them (its fan rows, as it sent this rank in remoteFanRows). Written into the handle's lists.
+void combineSumTerms(MoeHandle& h) {
   const int n = h.shape.nranks;
+  auto* st = &h.dev.terms;
   std::vector<size_t> cursor(n, 0);
   st->start.assign(1, 0);
+  st->rank.clear(), st->row.clear(), st->weight.clear(), st->last.clear();
   for (size_t t = 0; t < h.numTokens; ++t) {
     for (int r = 0; r < n; ++r) {
       const auto& rows = h.send.rows[r];
@@ -59,61 +55,85 @@ void combineSumTerms(const MoeHandle& h, SumTerms* st) {
   }
 }
 
-}  // namespace
+// Where each list lies in the packed buffer: per rank, then the padding ranges and the terms.
+struct Sections {
+  std::vector<size_t> sRows, rFan, sK, rStart, rRows;  // [nranks]
+  size_t pad = 0, tstart = 0, trank = 0, trow = 0, twt = 0, tlast = 0, bytes = 0;
+};
 
-fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
+void placeSections(const MoeHandle& h, Sections* sec) {
   const int n = h.shape.nranks;
-  SumTerms st;
-  combineSumTerms(h, &st);
+  const MoeHandle::DevicePlan::Terms& st = h.dev.terms;
   Packer pk;
-  std::vector<size_t> sRows(n), rFan(n), sK(n), rStart(n), rRows(n);
+  sec->sRows.resize(n), sec->rFan.resize(n), sec->sK.resize(n);
+  sec->rStart.resize(n), sec->rRows.resize(n);
   for (int p = 0; p < n; ++p) {
-    sRows[p] = pk.take(h.send.rows[p].size() * 8);
-    rFan[p] = pk.take(h.remoteFanRows[p].size() * 8);
-    sK[p] = pk.take(h.send.kStart[p].size() * 4);
-    rStart[p] = pk.take(h.recv.fanStart[p].size() * 4);
-    rRows[p] = pk.take(h.recv.fanRows[p].size() * 8);
+    sec->sRows[p] = pk.take(h.send.rows[p].size() * 8);
+    sec->rFan[p] = pk.take(h.remoteFanRows[p].size() * 8);
+    sec->sK[p] = pk.take(h.send.kStart[p].size() * 4);
+    sec->rStart[p] = pk.take(h.recv.fanStart[p].size() * 4);
+    sec->rRows[p] = pk.take(h.recv.fanRows[p].size() * 8);
   }
   static_assert(sizeof(RowRange) == 16, "a padding range is two int64s on the device");
-  const size_t pad = pk.take(h.recv.padding.size() * sizeof(RowRange));
-  const size_t tstart = pk.take(st.start.size() * 4), trank = pk.take(st.rank.size() * 4);
-  const size_t trow = pk.take(st.row.size() * 8), twt = pk.take(st.weight.size() * 8);
-  const size_t tlast = pk.take(st.last.size());
-  FUSCO_CHECK(h.devBuffer.reserve(pk.at));
-  char* host = h.devBuffer.host();
-  for (int p = 0; p < n; ++p) {
-    put(host, sRows[p], h.send.rows[p]);
-    put(host, rFan[p], h.remoteFanRows[p]);
-    put(host, sK[p], h.send.kStart[p]);
-    put(host, rStart[p], h.recv.fanStart[p]);
-    put(host, rRows[p], h.recv.fanRows[p]);
+  sec->pad = pk.take(h.recv.padding.size() * sizeof(RowRange));
+  sec->tstart = pk.take(st.start.size() * 4), sec->trank = pk.take(st.rank.size() * 4);
+  sec->trow = pk.take(st.row.size() * 8), sec->twt = pk.take(st.weight.size() * 8);
+  sec->tlast = pk.take(st.last.size());
+  sec->bytes = pk.at;
+}
+
+void fillHost(const MoeHandle& h, const Sections& sec, char* host) {
+  const MoeHandle::DevicePlan::Terms& st = h.dev.terms;
+  for (int p = 0; p < h.shape.nranks; ++p) {
+    put(host, sec.sRows[p], h.send.rows[p]);
+    put(host, sec.rFan[p], h.remoteFanRows[p]);
+    put(host, sec.sK[p], h.send.kStart[p]);
+    put(host, sec.rStart[p], h.recv.fanStart[p]);
+    put(host, sec.rRows[p], h.recv.fanRows[p]);
   }
-  put(host, pad, h.recv.padding);
-  put(host, tstart, st.start);
-  put(host, trank, st.rank);
-  put(host, trow, st.row);
-  put(host, twt, st.weight);
-  put(host, tlast, st.last);
-  FUSCO_CHECK(h.devBuffer.upload(pk.at, stream));
-  const char* d = h.devBuffer.device();
+  put(host, sec.pad, h.recv.padding);
+  put(host, sec.tstart, st.start);
+  put(host, sec.trank, st.rank);
+  put(host, sec.trow, st.row);
+  put(host, sec.twt, st.weight);
+  put(host, sec.tlast, st.last);
+}
+
+// The device addresses of the lists (d: the buffer's device side), into h.dev.
+void pointDevicePlan(const Sections& sec, const char* d, MoeHandle& h) {
+  const int n = h.shape.nranks;
   auto& dv = h.dev;
   dv.sendRows.resize(n), dv.remoteFanRows.resize(n), dv.recvFanRows.resize(n);
   dv.sendKStart.resize(n), dv.recvFanStart.resize(n);
   for (int p = 0; p < n; ++p) {
-    dv.sendRows[p] = reinterpret_cast<const int64_t*>(d + sRows[p]);
-    dv.remoteFanRows[p] = reinterpret_cast<const int64_t*>(d + rFan[p]);
-    dv.sendKStart[p] = reinterpret_cast<const uint32_t*>(d + sK[p]);
-    dv.recvFanStart[p] = reinterpret_cast<const uint32_t*>(d + rStart[p]);
-    dv.recvFanRows[p] = reinterpret_cast<const int64_t*>(d + rRows[p]);
+    dv.sendRows[p] = reinterpret_cast<const int64_t*>(d + sec.sRows[p]);
+    dv.remoteFanRows[p] = reinterpret_cast<const int64_t*>(d + sec.rFan[p]);
+    dv.sendKStart[p] = reinterpret_cast<const uint32_t*>(d + sec.sK[p]);
+    dv.recvFanStart[p] = reinterpret_cast<const uint32_t*>(d + sec.rStart[p]);
+    dv.recvFanRows[p] = reinterpret_cast<const int64_t*>(d + sec.rRows[p]);
   }
-  dv.paddingRanges = reinterpret_cast<const int64_t*>(d + pad);
+  dv.paddingRanges = reinterpret_cast<const int64_t*>(d + sec.pad);
   dv.paddingLongest = 0;
   for (const RowRange& r : h.recv.padding) dv.paddingLongest = std::max(dv.paddingLongest, r.count);
-  dv.termStart = reinterpret_cast<const uint32_t*>(d + tstart);
-  dv.termRank = reinterpret_cast<const uint32_t*>(d + trank);
-  dv.termRow = reinterpret_cast<const int64_t*>(d + trow);
-  dv.termWeight = reinterpret_cast<const int64_t*>(d + twt);
-  dv.termLast = reinterpret_cast<const uint8_t*>(d + tlast);
+  dv.termStart = reinterpret_cast<const uint32_t*>(d + sec.tstart);
+  dv.termRank = reinterpret_cast<const uint32_t*>(d + sec.trank);
+  dv.termRow = reinterpret_cast<const int64_t*>(d + sec.trow);
+  dv.termWeight = reinterpret_cast<const int64_t*>(d + sec.twt);
+  dv.termLast = reinterpret_cast<const uint8_t*>(d + sec.tlast);
+}
+
+}  // namespace
+
+fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
+  combineSumTerms(h);
+  Sections sec;
+  placeSections(h, &sec);
+  // The host side is rewritten once the previous upload's copy is done; the upload waits for the
+  // dispatches and combines that read the previous lists (DeviceBuffer::markUsed).
+  FUSCO_CHECK(h.devBuffer.reserve(sec.bytes, h.comm->timeoutMs()));
+  fillHost(h, sec, h.devBuffer.host());
+  FUSCO_CHECK(h.devBuffer.upload(sec.bytes, stream));
+  pointDevicePlan(sec, h.devBuffer.device(), h);
   return fuscoSuccess;
 }
 

@@ -20,6 +20,10 @@ Dedup chooseDedup(int requested, int numNodes);
 // into *h (h->comm, numTokens and topk set). config and topkIdx are read only when a is ok.
 fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
                       ArgCheck a, MoeHandle* h);
+// fuscoMoeReplan's: the same for a new routing with the config *h was planned with, into the
+// storage *h already holds (byte-identical to a new plan). h->planned is false until it succeeds.
+fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void* stream,
+                        ArgCheck a, MoeHandle* h);
 
 // Receive rows recvX and expertOut must hold: the capacity of a capacity plan, else the plan's.
 size_t recvRowsBound(const MoeHandle& h);

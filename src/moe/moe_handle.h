@@ -1,9 +1,10 @@
-// The state behind a fuscoMoeHandle_t: the plans of one fuscoMoePlan call and the buffers that
-// dispatch and combine reuse across calls.
+// The state behind a fuscoMoeHandle_t: the plans of its last fuscoMoePlan or fuscoMoeReplan call
+// and the buffers that dispatch, combine and the next replan reuse across calls.
 #pragma once
 
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "device/cuda_rt.h"
@@ -16,10 +17,42 @@
 
 namespace fusco {
 
+// Where one list of a plan keeps its elements, and how many bytes it holds there (its capacity).
+struct ListStorage {
+  std::string name;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  bool operator==(const ListStorage& o) const {
+    return name == o.name && data == o.data && bytes == o.bytes;
+  }
+};
+
+// The engine operations of one planning call, named after it in messages.
+struct PlanNames {
+  const char* call;
+  const char* nodeCounts;
+  const char* metadata;
+  const char* forwarded;
+  const char* fanRows;
+  // By the GPU planner's steps (plan_layer.cc).
+  const char* checks;
+  const char* counts;
+  const char* bases;
+  const char* routing;
+  const char* fanLists;
+};
+
 struct MoeHandle {
   Communicator* comm = nullptr;
+  // The config of the fuscoMoePlan that made the handle, for its replans: the placement and the
+  // alignment are in `shape`, the resolved dedup mode in `dedup`, the requested balance here.
   MoeShape shape;
   Dedup dedup = Dedup::Rank;
+  int balance = FUSCO_BALANCE_AUTO;
+  // False from the start of a replan until it succeeds: dispatch, combine and the receive counts
+  // refuse the handle meanwhile (a failed replan failed on every rank, docs/API.md).
+  bool planned = false;
+  const PlanNames* names = nullptr;  // of the call that planned it last
   MoeSendPlan send;
   MoeRecvPlan recv;
   size_t numTokens = 0;
@@ -32,6 +65,13 @@ struct MoeHandle {
   std::vector<std::vector<int64_t>> remoteFanRows;
   fuscoMoeStats_t stats{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
   std::mutex statsMu;  // stats may be written by the progress thread (capacity plans)
+
+  // The plan exchanges' working lists ([nranks] each), kept so that a replan reuses their storage.
+  struct PlanScratch {
+    std::vector<std::vector<int32_t>> metaFrom;  // RANK-format metadata from each source
+    std::vector<std::vector<int32_t>> wordsOut, blocksOut, blocksIn;  // NODE dedup's steps 2, 3
+    std::vector<std::vector<int64_t>> fanOut, fanIn;                  // NODE dedup's fan rows
+  } scratch;
 
   // NODE dedup across nodes (dedup == Node): `send` above is then the RANK plan, used for the
   // ranks of this node and for the routing weights; rows for other nodes go through forwarders.
@@ -62,6 +102,12 @@ struct MoeHandle {
     const int64_t* termRow = nullptr;
     const int64_t* termWeight = nullptr;
     const uint8_t* termLast = nullptr;
+    // Their host side, kept for the next upload: start [numTokens + 1]; the rest one per term.
+    struct Terms {
+      std::vector<uint32_t> start, rank;
+      std::vector<int64_t> row, weight;
+      std::vector<uint8_t> last;
+    } terms;
   } dev;
   DeviceBuffer devBuffer;
 
@@ -90,6 +136,12 @@ struct MoeHandle {
     std::vector<uint32_t> rowOffFrom, entryOff;
     StreamEvent summaryReady;
   } steps;
+
+  // Every list the plan holds and the device buffer's two sides: the same before and after a
+  // replan that fits in what the handle holds (tests/mp/test_moe_replan.cc checks that a replan
+  // allocates none of them again; the capacity shows a list allocated anew at a smaller size even
+  // where the allocator hands the same address back).
+  std::vector<ListStorage> storage() const;
 
   size_t rowsToSend() const {
     size_t n = 0;

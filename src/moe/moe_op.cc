@@ -130,12 +130,13 @@ fuscoResult_t exchangeWords(Communicator& c, const char* name, const ArgCheck& a
     r[p] = RowStream::flat(&theirSizes[p], sizeof(uint64_t));
   }
   FUSCO_CHECK(exchange(c, name, a, s, r));
-  in->assign(n, {});
+  in->resize(n);  // the lists keep their storage (a replanned handle's)
   // A peer that announced too many words fails this rank's part of the second exchange, which it
   // still joins, so every rank fails the same call with the reason.
   ArgCheck b = a;
   for (int p = 0; p < n; ++p) {
     if (theirSizes[p] > kMaxPlanWords) {
+      (*in)[p].clear();
       if (b.ok())
         joinFailure(FUSCO_FAIL(fuscoRemoteError, kPlan, "%s: rank %d announced %llu words", name, p,
                                static_cast<unsigned long long>(theirSizes[p])),

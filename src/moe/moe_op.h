@@ -94,7 +94,8 @@ constexpr uint64_t kMaxPlanWords = uint64_t{1} << 34;
 fuscoResult_t exchange(Communicator& c, const char* name, const ArgCheck& a,
                        const std::vector<RowStream>& sends, const std::vector<RowStream>& recvs);
 // An exchange of int32 word lists over the comm (sizes, then words): out[p] to rank p, in[p] from
-// it. fuscoRemoteError if a peer announces more than kMaxPlanWords.
+// it (in's lists are resized, keeping their storage). fuscoRemoteError if a peer announces more
+// than kMaxPlanWords.
 fuscoResult_t exchangeWords(Communicator& c, const char* name, const ArgCheck& a,
                             const std::vector<std::vector<int32_t>>& out,
                             std::vector<std::vector<int32_t>>* in);

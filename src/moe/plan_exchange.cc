@@ -1,7 +1,9 @@
-// fuscoMoePlan's collective part: the routing checked and planned on this rank, then the plan
-// exchanges (per-row metadata sizes and words, then the receivers' fan rows back to the sources)
-// that give every rank its receive plan and tell each source where its rows land. NODE dedup adds
-// its own steps (plan_node.cc).
+// fuscoMoePlan's and fuscoMoeReplan's collective part: the routing checked and planned on this
+// rank, then the plan exchanges (per-row metadata sizes and words, then the receivers' fan rows
+// back to the sources) that give every rank its receive plan and tell each source where its rows
+// land. NODE dedup adds its own steps (plan_node.cc). A replan writes the same lists into the
+// handle's storage, which keeps its capacity.
+#include <mutex>
 #include <vector>
 
 #include "core/params.h"
@@ -14,28 +16,40 @@ namespace fusco {
 
 namespace {
 
+#define FUSCO_PLAN_NAMES(call)                                                     \
+  PlanNames {                                                                      \
+    call, call " (node counts)", call " (metadata)", call " (forwarded metadata)", \
+        call " (fan rows)", call " (checks)", call " (counts)", call " (bases)",   \
+        call " (routing)", call " (fan lists)"                                     \
+  }
+constexpr PlanNames kPlanNames = FUSCO_PLAN_NAMES("fuscoMoePlan");
+constexpr PlanNames kCapacityNames = FUSCO_PLAN_NAMES("fuscoMoePlanCapacity");
+constexpr PlanNames kReplanNames = FUSCO_PLAN_NAMES("fuscoMoeReplan");
+#undef FUSCO_PLAN_NAMES
+
 // Each receiver tells each source where that source's rows land (its fan rows), so dispatch can
 // write the final rows directly when the receiver's buffer is reachable.
 fuscoResult_t exchangeFanRows(MoeHandle& h, const ArgCheck& a) {
   if (h.dedup == Dedup::Node) return exchangeNodeFanRows(h, a);
   const int n = h.comm->nranks();
   std::vector<RowStream> s(n), r(n);
-  h.remoteFanRows.assign(n, {});
+  h.remoteFanRows.resize(n);
   for (int p = 0; p < n; ++p) {
     s[p] = RowStream::flat(h.recv.fanRows[p].data(), h.recv.fanRows[p].size() * sizeof(int64_t));
     h.remoteFanRows[p].resize(h.send.kSlots[p].size());
     r[p] = RowStream::flat(h.remoteFanRows[p].data(), h.remoteFanRows[p].size() * sizeof(int64_t));
   }
-  return exchange(*h.comm, "fuscoMoePlan (fan rows)", a, s, r);
+  return exchange(*h.comm, h.names->fanRows, a, s, r);
 }
 
 // Index of weight (t, k) for every fan-out entry of every row sent to each rank.
 void buildWeightIndex(MoeHandle& h) {
   const int n = h.shape.nranks;
-  h.weightIdx.assign(n, {});
+  h.weightIdx.resize(n);
   for (int r = 0; r < n; ++r) {
     const auto& rows = h.send.rows[r];
     auto& w = h.weightIdx[r];
+    w.clear();
     w.reserve(h.send.kSlots[r].size());
     for (size_t i = 0; i < rows.size(); ++i)
       for (uint32_t j = h.send.kStart[r][i]; j < h.send.kStart[r][i + 1]; ++j)
@@ -52,13 +66,14 @@ const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream,
   joinFailure(cudaStreamCapturing(stream, &capturing), a);
   if (capturing) {
     a->fail(
-        "fuscoMoePlan: cannot be captured into a CUDA graph: it copies topkIdx to the host and "
-        "synchronizes the stream; plan before the capture and capture dispatch and combine");
+        "%s: cannot be captured into a CUDA graph: it copies topkIdx to the host and "
+        "synchronizes the stream; plan before the capture and capture dispatch and combine",
+        h.names->call);
     a->status = fuscoInvalidUsage;
   }
   if (!a->ok() || h.numTokens == 0) return topkIdx;
   if (h.topk <= 0) {
-    a->fail("fuscoMoePlan: topk %d must be > 0", h.topk);
+    a->fail("%s: topk %d must be > 0", h.names->call, h.topk);
     return topkIdx;
   }
   joinFailure(c.useDevice(), a);
@@ -66,23 +81,27 @@ const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream,
   h.topkIdx.resize(h.numTokens * static_cast<size_t>(h.topk));
   if (cudaCopyToHostSync(h.topkIdx.data(), topkIdx, h.topkIdx.size() * sizeof(int64_t), stream) !=
       fuscoSuccess)
-    a->fail("fuscoMoePlan: reading topkIdx: %s", threadLastError().c_str());
+    a->fail("%s: reading topkIdx: %s", h.names->call, threadLastError().c_str());
   return h.topkIdx.data();
 }
 
-// This rank's shape, routing check and send plan (nothing exchanged yet).
-void planLocal(const fuscoMoeConfig_t* config, const int64_t* topkIdx, ArgCheck* a, MoeHandle* h) {
-  Communicator& c = *h->comm;
+// What a plan keeps of its config: the dedup mode, the requested balance and the shape.
+void configure(const fuscoMoeConfig_t* config, ArgCheck* a, MoeHandle* h) {
   if (!a->ok()) return;
-  h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
-  if (buildMoeShape(c.nranks(), config->numExperts, config->expertToRank, config->expertAlignment,
-                    &h->shape) != fuscoSuccess)
+  h->dedup = chooseDedup(config->dedup, h->comm->nodes().numNodes);
+  h->balance = config->balance;
+  if (buildMoeShape(h->comm->nranks(), config->numExperts, config->expertToRank,
+                    config->expertAlignment, &h->shape) != fuscoSuccess)
     a->fail("%s", threadLastError().c_str());
+}
+
+// This rank's routing check and send plan (nothing exchanged yet).
+void planLocal(const int64_t* topkIdx, ArgCheck* a, MoeHandle* h) {
   if (a->ok() && validateTopk(h->shape, topkIdx, h->numTokens, h->topk) != fuscoSuccess)
     a->fail("%s", threadLastError().c_str());
   if (a->ok())
-    h->send = planSend(h->shape, c.rank(), topkIdx, h->numTokens, h->topk,
-                       h->dedup == Dedup::Node ? Dedup::Rank : h->dedup);
+    planSendInto(h->shape, h->comm->rank(), topkIdx, h->numTokens, h->topk,
+                 h->dedup == Dedup::Node ? Dedup::Rank : h->dedup, &h->send);
 }
 
 // A receive plan that failed (malformed metadata) still takes part in the last exchange, so the
@@ -110,6 +129,55 @@ void fillSizes(MoeHandle* h) {
   }
 }
 
+// The host copy of the routing the plan was made from (a CUDA comm's is there already).
+void keepRouting(const int64_t* topkIdx, MoeHandle* h) {
+  if (topkIdx == h->topkIdx.data()) return;
+  if (topkIdx == nullptr || h->numTokens == 0)
+    h->topkIdx.clear();
+  else
+    h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
+}
+
+// The collective part every plan and replan shares, from this rank's routing on the host.
+fuscoResult_t planRouting(const int64_t* topkIdx, void* stream, ArgCheck a, MoeHandle* h) {
+  Communicator& c = *h->comm;
+  planLocal(topkIdx, &a, h);
+  if (a.ok()) c.agreeInCall(planAgreement(*h));
+  std::vector<std::vector<int32_t>>& metaFrom = h->scratch.metaFrom;
+  ArgCheck b;
+  if (a.ok() && h->dedup == Dedup::Node)
+    FUSCO_CHECK(planNodeDedup(*h, a, h->balance, &metaFrom, &b));
+  else
+    FUSCO_CHECK(exchangeWords(c, h->names->metadata, a, h->send.meta, &metaFrom));
+  planReceive(h, metaFrom, &b);
+  FUSCO_CHECK(exchangeFanRows(*h, b));
+  buildWeightIndex(*h);
+  fillSizes(h);
+  keepRouting(topkIdx, h);
+  if (c.memType() == fuscoMemCuda) FUSCO_CHECK(uploadMoePlan(*h, stream));
+  if (paramPlanTrace() != 0)
+    FUSCO_LOG_ALWAYS(
+        LogLevel::Info, kPlan, "%s",
+        describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
+  h->planned = true;
+  return fuscoSuccess;
+}
+
+// The GPU planner's steps or the host planner, for the config the handle keeps.
+fuscoResult_t planWith(const int64_t* topkIdx, void* stream, ArgCheck a, MoeHandle* h) {
+  Communicator& c = *h->comm;
+  if (a.ok() && h->capacity != 0 && h->dedup == Dedup::Node) {
+    a.fail(
+        "fuscoMoePlanCapacity: capacity mode supports dedup NONE and RANK (AUTO on one node); "
+        "NODE dedup across nodes needs fuscoMoePlan");
+    a.status = fuscoInvalidUsage;
+  }
+  h->bySteps = h->capacity != 0 || planBySteps(c, h->dedup);
+  if (h->bySteps) return planMoeSteps(topkIdx, stream, a, h);
+  topkIdx = routingOnHost(*h, topkIdx, stream, &a);
+  return planRouting(topkIdx, stream, a, h);
+}
+
 }  // namespace
 
 Dedup chooseDedup(int requested, int numNodes) {
@@ -120,37 +188,24 @@ Dedup chooseDedup(int requested, int numNodes) {
 
 fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
                       ArgCheck a, MoeHandle* h) {
-  Communicator& c = *h->comm;
-  if (a.ok()) h->dedup = chooseDedup(config->dedup, c.nodes().numNodes);
-  if (a.ok() && h->capacity != 0 && h->dedup == Dedup::Node) {
-    a.fail(
-        "fuscoMoePlanCapacity: capacity mode supports dedup NONE and RANK (AUTO on one node); "
-        "NODE dedup across nodes needs fuscoMoePlan");
-    a.status = fuscoInvalidUsage;
+  h->names = h->capacity != 0 ? &kCapacityNames : &kPlanNames;
+  configure(config, &a, h);
+  return planWith(topkIdx, stream, a, h);
+}
+
+fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void* stream,
+                        ArgCheck a, MoeHandle* h) {
+  // Nothing queued may still read (or note stats into) the plan this call rewrites.
+  if (h->capacity != 0) moeQuiesce(*h);
+  h->planned = false;
+  h->names = &kReplanNames;
+  h->numTokens = numTokens;
+  h->topk = topk;
+  {
+    std::lock_guard<std::mutex> lk(h->statsMu);
+    h->stats = fuscoMoeStats_t{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};  // as a new handle's
   }
-  h->bySteps = h->capacity != 0 || planBySteps(c, h->dedup);
-  if (h->bySteps) return planMoeSteps(config, topkIdx, stream, a, h);
-  topkIdx = routingOnHost(*h, topkIdx, stream, &a);
-  planLocal(config, topkIdx, &a, h);
-  if (a.ok()) c.agreeInCall(planAgreement(*h));
-  std::vector<std::vector<int32_t>> metaFrom;
-  ArgCheck b;
-  if (a.ok() && h->dedup == Dedup::Node)
-    FUSCO_CHECK(planNodeDedup(*h, a, config->balance, &metaFrom, &b));
-  else
-    FUSCO_CHECK(exchangeWords(c, "fuscoMoePlan (metadata)", a, h->send.meta, &metaFrom));
-  planReceive(h, metaFrom, &b);
-  FUSCO_CHECK(exchangeFanRows(*h, b));
-  buildWeightIndex(*h);
-  fillSizes(h);
-  if (topkIdx != nullptr && topkIdx != h->topkIdx.data())
-    h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
-  if (c.memType() == fuscoMemCuda) FUSCO_CHECK(uploadMoePlan(*h, stream));
-  if (paramPlanTrace() != 0)
-    FUSCO_LOG_ALWAYS(
-        LogLevel::Info, kPlan, "%s",
-        describePlan(h->shape, c.nodes(), c.rank(), h->send, h->recv, 0, h->dedup).c_str());
-  return fuscoSuccess;
+  return planWith(topkIdx, stream, a, h);
 }
 
 }  // namespace fusco

@@ -43,8 +43,8 @@ class LayerRun {
  public:
   LayerRun(MoeHandle& h, void* stream)
       : h_(h), c_(*h.comm), s_(stream), dev_(c_.memType() == fuscoMemCuda), n_(c_.nranks()) {}
-  void prepare(const fuscoMoeConfig_t* config, const int64_t* topkIdx, ArgCheck* a);
-  fuscoResult_t counts(const ArgCheck& a);
+  void prepare(const int64_t* topkIdx, ArgCheck* a);
+  fuscoResult_t counts();
   fuscoResult_t basesAndFan();
   void readSummary(ArgCheck* b);
   fuscoResult_t exchangeFanLists();
@@ -95,8 +95,9 @@ void LayerRun::checkCapture(ArgCheck* a) {
   joinFailure(cudaStreamCapturing(s_, &capturing), a);
   if (capturing && h_.capacity == 0) {
     a->fail(
-        "fuscoMoePlan: cannot be captured into a CUDA graph: it reads the plan's sizes back to "
-        "the host; plan before the capture and capture dispatch and combine");
+        "%s: cannot be captured into a CUDA graph: it reads the plan's sizes back to the host; "
+        "plan before the capture and capture dispatch and combine",
+        h_.names->call);
     a->status = fuscoInvalidUsage;
   } else if (capturing) {
     a->fail(
@@ -109,7 +110,7 @@ void LayerRun::checkCapture(ArgCheck* a) {
 // The layer plan's buffer (a capacity plan also carves its receive lists now).
 fuscoResult_t LayerRun::reserve(size_t bytes) {
   if (dev_) {
-    FUSCO_CHECK(h_.devBuffer.reserve(bytes));
+    FUSCO_CHECK(h_.devBuffer.reserve(bytes, c_.timeoutMs()));
     carveLayerPlan(h_.devBuffer.device(), d_, &p_);
     carveLayerPlan(h_.devBuffer.host(), d_, &st_);
   } else {
@@ -128,7 +129,7 @@ fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
   const size_t bytes = startBytes + entries * sizeof(int64_t);
   char* base = nullptr;
   if (dev_) {
-    FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes));
+    FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes, c_.timeoutMs()));
     base = h_.steps.fanBuffer.device();
   } else {
     h_.steps.hostFan.resize(bytes);
@@ -140,15 +141,12 @@ fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
 }
 
 // Every rank's checks, the capture refusal, then the buffers and the tables.
-void LayerRun::prepare(const fuscoMoeConfig_t* config, const int64_t* topkIdx, ArgCheck* a) {
+void LayerRun::prepare(const int64_t* topkIdx, ArgCheck* a) {
   if (dev_ && a->ok()) checkCapture(a);
-  if (a->ok() && h_.topk <= 0) a->fail("fuscoMoePlan: topk %d must be > 0", h_.topk);
+  if (a->ok() && h_.topk <= 0) a->fail("%s: topk %d must be > 0", h_.names->call, h_.topk);
   if (a->ok() && h_.topk > 255) a->fail("MoE routing: topk %d outside [1, 255]", h_.topk);
   if (a->ok() && h_.numTokens > static_cast<size_t>(INT32_MAX))
     a->fail("MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank", h_.numTokens);
-  if (a->ok() && buildMoeShape(n_, config->numExperts, config->expertToRank,
-                               config->expertAlignment, &h_.shape) != fuscoSuccess)
-    a->fail("%s", threadLastError().c_str());
   if (a->ok() && dev_) joinFailure(c_.useDevice(), a);
   if (!a->ok()) return;
   topk_ = topkIdx;
@@ -193,19 +191,18 @@ fuscoResult_t LayerRun::op(const char* name, const ArgCheck& a, const std::vecto
                   std::move(after));
 }
 
-// Steps 2-3: the send side and the count messages. A capacity plan's first operation carries the
-// call's checks (`a`); a plan with sizes had a host round for them.
-fuscoResult_t LayerRun::counts(const ArgCheck& a) {
+// Steps 2-3: the send side and the count messages (every rank's checks passed).
+fuscoResult_t LayerRun::counts() {
   const uint32_t mine = d_.numLocal;
-  if (a.ok()) FUSCO_CHECK(run(sendOnDevice, sendOnHost));
+  FUSCO_CHECK(run(sendOnDevice, sendOnHost));
   std::vector<PeerWork> w(n_);
-  for (int r = 0; r < n_ && a.ok(); ++r) {
+  for (int r = 0; r < n_; ++r) {
     w[r].sends.push_back(
         RowStream::flat(p_.send.countsMsg + st_.msgOff[r], (localOf(r) + 2) * sizeof(uint32_t)));
     w[r].recvs.push_back(
         RowStream::flat(p_.layout.countsIn + r * (mine + 2ull), (mine + 2) * sizeof(uint32_t)));
   }
-  return op("fuscoMoePlan (counts)", a, w, h_.capacity == 0);
+  return op(h_.names->counts, ArgCheck(), w, true);
 }
 
 // Steps 4-6: the layout, the bases back to the sources, their fan rows and combine's terms.
@@ -218,7 +215,7 @@ fuscoResult_t LayerRun::basesAndFan() {
         RowStream::flat(p_.layout.basesOut + r * uint64_t{mine}, mine * sizeof(int64_t)));
     w[r].recvs.push_back(RowStream::flat(p_.basesIn + prefixL_[r], localOf(r) * sizeof(int64_t)));
   }
-  FUSCO_CHECK(op("fuscoMoePlan (bases)", ArgCheck(), w, true));
+  FUSCO_CHECK(op(h_.names->bases, ArgCheck(), w, true));
   return run(fanOnDevice, fanOnHost);
 }
 
@@ -260,7 +257,7 @@ fuscoResult_t LayerRun::exchangeFanLists() {
   FUSCO_CHECK(reserveFanLists(rows, entries));
   std::vector<PeerWork> w;
   fanListsWork(h_, &w);
-  FUSCO_CHECK(op("fuscoMoePlan (fan lists)", ArgCheck(), w, false));
+  FUSCO_CHECK(op(h_.names->fanLists, ArgCheck(), w, false));
   // Dispatch and combine on other streams wait for everything above.
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }
@@ -347,31 +344,30 @@ fuscoResult_t verdict(Communicator& c, const char* name, const ArgCheck& a) {
 
 }  // namespace
 
-fuscoResult_t planMoeSteps(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
-                           ArgCheck a, MoeHandle* h) {
+fuscoResult_t planMoeSteps(const int64_t* topkIdx, void* stream, ArgCheck a, MoeHandle* h) {
   Communicator& c = *h->comm;
-  // A handle planned again: nothing queued may still read the plan this call rewrites.
-  if (h->capacity != 0) moeQuiesce(*h);
   LayerRun run(*h, stream);
-  run.prepare(config, topkIdx, &a);
+  run.prepare(topkIdx, &a);
   if (a.ok()) c.agreeInCall(planAgreement(*h));
+  // One host round agrees on every rank's arguments, so every rank enqueues the same operations.
+  FUSCO_CHECK(verdict(c, h->names->checks, a));
   if (h->capacity != 0) {
-    // No host round and no read back: the checks ride on the first operation, the verdict on the
-    // last, which the progress thread sizes once the summary is back (docs/DESIGN.md).
-    FUSCO_CHECK(run.counts(a));
+    // No read back: the routing's verdict rides on the last operation, which the progress thread
+    // sizes once the summary is back (docs/DESIGN.md).
+    FUSCO_CHECK(run.counts());
     FUSCO_CHECK(run.basesAndFan());
     FUSCO_CHECK(run.lateFanLists());
   } else {
-    FUSCO_CHECK(verdict(c, "fuscoMoePlan (checks)", a));
-    FUSCO_CHECK(run.counts(ArgCheck()));
+    FUSCO_CHECK(run.counts());
     FUSCO_CHECK(run.basesAndFan());
     ArgCheck b;
     run.readSummary(&b);
-    FUSCO_CHECK(verdict(c, "fuscoMoePlan (routing)", b));
+    FUSCO_CHECK(verdict(c, h->names->routing, b));
     FUSCO_CHECK(run.exchangeFanLists());
     h->planState = MoeHandle::kPlanReady;
   }
   run.finish();
+  h->planned = true;
   return fuscoSuccess;
 }
 

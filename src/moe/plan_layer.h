@@ -12,10 +12,9 @@ namespace fusco {
 // NODE dedup (the host planner's forwarding plan).
 bool planBySteps(const Communicator& c, Dedup dedup);
 
-// fuscoMoePlan's collective part by the steps into *h (h->comm, numTokens, topk and dedup set),
-// with the same lists, results and errors as planMoe. config and topkIdx are read only when a is
-// ok.
-fuscoResult_t planMoeSteps(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
-                           ArgCheck a, MoeHandle* h);
+// fuscoMoePlan's (or fuscoMoeReplan's) collective part by the steps into *h, for the config the
+// handle keeps (h->shape, dedup; h->comm, numTokens, topk and capacity set), with the same lists,
+// results and errors as the host planner. topkIdx is read only when a is ok.
+fuscoResult_t planMoeSteps(const int64_t* topkIdx, void* stream, ArgCheck a, MoeHandle* h);
 
 }  // namespace fusco

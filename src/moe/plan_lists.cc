@@ -101,9 +101,10 @@ void checkSummary(MoeHandle& h, ArgCheck* b) {
     b->fail("rank %d: %llu (row, expert) pairs to receive, more than the supported 2^32 - 1",
             h.comm->rank(), static_cast<unsigned long long>(slots));
   } else if (h.capacity != 0 && st.layout.totals[0] > h.capacity) {
-    b->fail("rank %d: the routing needs %u receive rows (padding included), more than its "
-            "recvCapacity of %zu",
-            h.comm->rank(), st.layout.totals[0], h.capacity);
+    b->fail(
+        "rank %d: the routing needs %u receive rows (padding included), more than its "
+        "recvCapacity of %zu",
+        h.comm->rank(), st.layout.totals[0], h.capacity);
   }
 }
 
@@ -139,6 +140,7 @@ void finishLists(MoeHandle& h) {
   rp.numRecvRows = st.layout.totals[0];
   rp.tokensPerLocalExpert.assign(st.layout.tokensPerLocal, st.layout.tokensPerLocal + mine);
   rp.blockStart.assign(st.layout.blockStart, st.layout.blockStart + mine);
+  rp.padding.reserve(mine);  // one range per block at most: a replan never allocates it again
   rp.padding.resize(st.layout.totals[1]);
   for (size_t i = 0; i < rp.padding.size(); ++i)
     rp.padding[i] = RowRange{st.layout.padding[2 * i], st.layout.padding[2 * i + 1]};

@@ -149,6 +149,24 @@ fuscoResult_t scanMeta(int rank, int s, const std::vector<int32_t>& meta, int nu
   return fuscoSuccess;
 }
 
+// The receive blocks from the rows per local expert: expert-major, each padded up to the
+// alignment (an empty block stays empty), and the padding ranges.
+void layoutBlocks(int64_t align, MoeRecvPlan* p) {
+  const size_t numLocal = p->tokensPerLocalExpert.size();
+  p->blockStart.resize(numLocal);
+  p->padding.clear();
+  p->padding.reserve(numLocal);  // at most one range per block, so a reused plan never grows it
+  int64_t next = 0;
+  for (size_t e = 0; e < numLocal; ++e) {
+    const int64_t rows = p->tokensPerLocalExpert[e];
+    p->blockStart[e] = next;
+    const int64_t padded = (rows + align - 1) / align * align;
+    if (padded > rows) p->padding.push_back(RowRange{next + rows, padded - rows});
+    next += padded;
+  }
+  p->numRecvRows = static_cast<size_t>(next);
+}
+
 }  // namespace
 
 const char* dedupName(Dedup d) {
@@ -334,19 +352,7 @@ fuscoResult_t planRecv(const MoeShape& shape, int rank,
   // Fill *out in place so a reused plan keeps its capacity.
   MoeRecvPlan& p = *out;
   p.tokensPerLocalExpert.swap(perExpert);
-  // Blocks: expert-major, each padded up to the alignment (an empty block stays empty).
-  const int64_t align = shape.expertAlignment > 1 ? shape.expertAlignment : 1;
-  p.blockStart.resize(numLocal);
-  p.padding.clear();
-  int64_t next = 0;
-  for (int e = 0; e < numLocal; ++e) {
-    const int64_t rows = p.tokensPerLocalExpert[e];
-    p.blockStart[e] = next;
-    const int64_t padded = (rows + align - 1) / align * align;
-    if (padded > rows) p.padding.push_back(RowRange{next + rows, padded - rows});
-    next += padded;
-  }
-  p.numRecvRows = static_cast<size_t>(next);
+  layoutBlocks(shape.expertAlignment > 1 ? shape.expertAlignment : 1, &p);
   // Sources in ascending order, rows in arrival order: a running cursor per block yields
   // blockStart[e] + sum_{s' < s} count[s'][e] + (earlier rows from s feeding e).
   std::vector<int64_t>& cursor = perExpert;  // reuse the swapped-out buffer

@@ -149,10 +149,6 @@ MpOptions gpuOptions(int timeoutSec) {
   return o;
 }
 
-std::string ranksName(const ::testing::TestParamInfo<int>& i) {
-  return std::to_string(i.param) + "ranks";
-}
-
 void runGpuRanks(int n, const GpuRankBody& body, const fuscoConfig_t* config) {
   runRanks(
       n,

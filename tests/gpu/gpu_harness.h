@@ -79,7 +79,7 @@ fuscoComm_t initGpuComm(const RankCtx& ctx, const fuscoConfig_t* config = nullpt
 MpOptions gpuOptions(int timeoutSec = 120);
 
 // gtest parameter names for rank counts: "2ranks", "4ranks", ...
-std::string ranksName(const ::testing::TestParamInfo<int>& i);
+using fusco::test::ranksName;
 
 // Poisoned bytes past the end of every checked output buffer; they must stay poison.
 constexpr size_t kTailBytes = 64;

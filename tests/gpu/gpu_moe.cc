@@ -76,40 +76,57 @@ MoeRankBufs moeRankBufs(fuscoComm_t comm, const CombineSetup& s, int rank, Mem r
                                          << ": " << fuscoGetLastError(comm);
   // The plan may still read topkIdx on the stream: keep it alive until the stream is done.
   cudaError_t e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess) {
+  auto counts = e == cudaSuccess
+                    ? recvCountsMatch(comm, handle, rank, d)
+                    : ::testing::AssertionFailure() << streamSyncFailure(e, "fuscoMoePlan");
+  if (!counts) {
     fuscoMoeHandleDestroy(handle);
-    return ::testing::AssertionFailure() << streamSyncFailure(e, "fuscoMoePlan");
-  }
-  const size_t nLocal = d.tokensPerLocalExpert[rank].size();
-  std::vector<int64_t> perExpert(nLocal + 1, -7);
-  size_t numRecv = 12345678;
-  r = fuscoMoeGetRecvCounts(handle, &numRecv, perExpert.data());
-  auto fail = ::testing::AssertionFailure();
-  bool bad = false;
-  if (r != fuscoSuccess) {
-    fail << "fuscoMoeGetRecvCounts -> " << resultText(r) << ": " << fuscoGetLastError(comm);
-    bad = true;
-  } else {
-    if (numRecv != d.numRecvRows[rank]) {
-      fail << "numRecvRows " << numRecv << ", expected " << d.numRecvRows[rank] << "; ";
-      bad = true;
-    }
-    if (perExpert[nLocal] != -7) {
-      fail << "fuscoMoeGetRecvCounts wrote past numLocalExperts (" << nLocal << "); ";
-      bad = true;
-    }
-    perExpert.resize(nLocal);
-    if (perExpert != d.tokensPerLocalExpert[rank]) {
-      fail << "tokensPerLocalExpert differs from the reference; ";
-      bad = true;
-    }
-  }
-  if (bad) {
-    fuscoMoeHandleDestroy(handle);
-    return fail;
+    return counts;
   }
   *h = handle;
   return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult gpuReplan(fuscoComm_t comm, fuscoMoeHandle_t h, int rank,
+                                     const MoeCase& c, const MoeRefProblem& p,
+                                     const MoeRefDispatch& d, cudaStream_t stream) {
+  DevBuf idx = toDevice(comm, p.topkIdx[rank]);
+  fuscoResult_t r =
+      fuscoMoeReplan(h, static_cast<const int64_t*>(idx.get()), p.numTokens[rank], c.topk, stream);
+  if (r != fuscoSuccess)
+    return ::testing::AssertionFailure() << "fuscoMoeReplan (device topkIdx) -> " << resultText(r)
+                                         << ": " << fuscoGetLastError(comm);
+  cudaError_t e = cudaStreamSynchronize(stream);  // topkIdx stays alive until the copy is done
+  if (e != cudaSuccess)
+    return ::testing::AssertionFailure() << streamSyncFailure(e, "fuscoMoeReplan");
+  return recvCountsMatch(comm, h, rank, d);
+}
+
+::testing::AssertionResult recvCountsMatch(fuscoComm_t comm, fuscoMoeHandle_t h, int rank,
+                                           const MoeRefDispatch& d) {
+  const size_t nLocal = d.tokensPerLocalExpert[rank].size();
+  std::vector<int64_t> perExpert(nLocal + 1, -7);
+  size_t numRecv = 12345678;
+  fuscoResult_t r = fuscoMoeGetRecvCounts(h, &numRecv, perExpert.data());
+  if (r != fuscoSuccess)
+    return ::testing::AssertionFailure()
+           << "fuscoMoeGetRecvCounts -> " << resultText(r) << ": " << fuscoGetLastError(comm);
+  auto fail = ::testing::AssertionFailure();
+  bool bad = false;
+  if (numRecv != d.numRecvRows[rank]) {
+    fail << "numRecvRows " << numRecv << ", expected " << d.numRecvRows[rank] << "; ";
+    bad = true;
+  }
+  if (perExpert[nLocal] != -7) {
+    fail << "fuscoMoeGetRecvCounts wrote past numLocalExperts (" << nLocal << "); ";
+    bad = true;
+  }
+  perExpert.resize(nLocal);
+  if (perExpert != d.tokensPerLocalExpert[rank]) {
+    fail << "tokensPerLocalExpert differs from the reference; ";
+    bad = true;
+  }
+  return bad ? fail : ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult gpuDispatch(fuscoComm_t comm, fuscoMoeHandle_t h, int rank,

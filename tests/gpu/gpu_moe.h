@@ -40,6 +40,17 @@ MoeRankBufs moeRankBufs(fuscoComm_t comm, const CombineSetup& s, int rank,
                                    const MoeRefProblem& p, const MoeRefDispatch& d, int dedup,
                                    int balance, cudaStream_t stream, fuscoMoeHandle_t* h);
 
+// fuscoMoeReplan of h with this rank's routing in a device int64 array, on `stream` (synchronized
+// afterwards, so the routing's copy is done); then the receive counts as gpuPlan checks them.
+::testing::AssertionResult gpuReplan(fuscoComm_t comm, fuscoMoeHandle_t h, int rank,
+                                     const MoeCase& c, const MoeRefProblem& p,
+                                     const MoeRefDispatch& d, cudaStream_t stream);
+
+// numRecvRows and tokensPerLocalExpert of h against the reference (nothing written past the
+// local experts).
+::testing::AssertionResult recvCountsMatch(fuscoComm_t comm, fuscoMoeHandle_t h, int rank,
+                                           const MoeRefDispatch& d);
+
 // fuscoMoeDispatch of x[rank] (a device buffer of kind xKind) into a poisoned recvX of kind
 // recvKind on `stream`; recvX (numRecvRows * rowBytes) must equal the reference bit for bit, the
 // padding rows must be zero and the tail untouched. *got receives recvX when non-NULL.

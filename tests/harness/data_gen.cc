@@ -306,6 +306,10 @@ void poisonRecv(const A2avLayout& l, void* recvbuff) { poison(recvbuff, l.recvEl
   return checkRecv(l, recv.data(), seed);
 }
 
+std::string ranksName(const ::testing::TestParamInfo<int>& i) {
+  return std::to_string(i.param) + "ranks";
+}
+
 uint64_t testSeed(uint64_t salt) {
   uint64_t h = 0xf05c0ull ^ salt;
   const ::testing::TestInfo* ti = ::testing::UnitTest::GetInstance()->current_test_info();

@@ -87,4 +87,7 @@ void poisonRecv(const A2avLayout& l, void* recvbuff);
 // A per-test seed: fixed base mixed with the test name so cases differ but runs repeat.
 uint64_t testSeed(uint64_t salt = 0);
 
+// gtest parameter names for rank counts: "2ranks", "4ranks", ...
+std::string ranksName(const ::testing::TestParamInfo<int>& i);
+
 }  // namespace fusco::test

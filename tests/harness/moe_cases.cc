@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/data_gen.h"
@@ -251,6 +252,12 @@ fuscoMoeHandle_t planChecked(fuscoComm_t comm, const RankCtx& ctx, const MoeCase
   EXPECT_EQ(r, fuscoSuccess) << what << " fuscoMoePlan -> " << fuscoGetErrorString(r) << ": "
                              << fuscoGetLastError(comm);
   if (r != fuscoSuccess) return nullptr;
+  recvCountsChecked(comm, h, ctx, d, what);
+  return h;
+}
+
+void recvCountsChecked(fuscoComm_t comm, fuscoMoeHandle_t h, const RankCtx& ctx,
+                       const MoeRefDispatch& d, const std::string& what) {
   const size_t nLocal = d.tokensPerLocalExpert[ctx.rank].size();
   std::vector<int64_t> perExpert(nLocal + 1, -7);
   size_t numRecv = 12345678;
@@ -261,7 +268,6 @@ fuscoMoeHandle_t planChecked(fuscoComm_t comm, const RankCtx& ctx, const MoeCase
   size_t again = 0;
   FUSCO_EXPECT_OK(comm, fuscoMoeGetRecvCounts(h, &again, nullptr));
   EXPECT_EQ(again, numRecv) << what << " numRecvRows with tokensPerLocalExpert NULL";
-  return h;
 }
 
 namespace {
@@ -344,11 +350,17 @@ void runDispatchCase(fuscoComm_t comm, const RankCtx& ctx, const MoeCase& c, uin
 }
 
 CombineSetup makeCombine(const MoeCase& c, uint64_t seed, fuscoDataType_t dt, size_t hidden) {
-  CombineSetup s{c, makeProblem(c, seed), {}, {}, {}, {}, dt, hidden};
-  const size_t es = fusco::test::dtypeSize(dt), rowOut = hidden * es;
+  MoeRefProblem p = makeProblem(c, seed);
   // Token 0 of every rank has no valid expert: its output must be zeros.
-  for (auto& idx : s.p.topkIdx)
+  for (auto& idx : p.topkIdx)
     for (int k = 0; k < c.topk && !idx.empty(); ++k) idx[k] = -1;
+  return makeCombineFor(c, std::move(p), seed, dt, hidden);
+}
+
+CombineSetup makeCombineFor(const MoeCase& c, MoeRefProblem p, uint64_t seed, fuscoDataType_t dt,
+                            size_t hidden) {
+  CombineSetup s{c, std::move(p), {}, {}, {}, {}, dt, hidden};
+  const size_t es = fusco::test::dtypeSize(dt), rowOut = hidden * es;
   s.x = makeValueRows(s.p, seed + 1, dt, hidden);
   s.d = fusco::test::moeRefDispatch(s.p, s.x, rowOut);
   s.expertOut.resize(c.nranks);
@@ -377,11 +389,21 @@ CombineSetup makeCombine(const MoeCase& c, uint64_t seed, fuscoDataType_t dt, si
 std::vector<std::vector<uint8_t>> combineChecked(fuscoComm_t comm, const RankCtx& ctx,
                                                  const CombineSetup& s, int dedup) {
   const std::string what = caseName(s.c, dedup, s.hidden) + " " + fusco::test::dtypeName(s.dt);
+  fuscoMoeHandle_t h = planChecked(comm, ctx, s.c, s.p, s.d, dedup, what);
+  if (!h) return {};
+  auto results = combineOnHandle(comm, h, ctx, s, dedup);
+  FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+  return results;
+}
+
+std::vector<std::vector<uint8_t>> combineOnHandle(fuscoComm_t comm, fuscoMoeHandle_t h,
+                                                  const RankCtx& ctx, const CombineSetup& s,
+                                                  int dedup, std::vector<uint8_t>* recvXOut) {
+  const std::string what = caseName(s.c, dedup, s.hidden) + " " + fusco::test::dtypeName(s.dt);
   const size_t es = fusco::test::dtypeSize(s.dt), rowOut = s.hidden * es;
   std::vector<std::vector<uint8_t>> results;
-  fuscoMoeHandle_t h = planChecked(comm, ctx, s.c, s.p, s.d, dedup, what);
-  if (!h) return results;
   auto recvX = dispatchChecked(comm, h, ctx, s.p, s.d, s.x, rowOut, dedup, what);
+  if (recvXOut != nullptr) *recvXOut = recvX;
   const auto& eo = s.expertOut[ctx.rank];
   const size_t nTok = s.p.numTokens[ctx.rank];
   for (bool weighted : {true, false}) {
@@ -419,7 +441,6 @@ std::vector<std::vector<uint8_t>> combineChecked(fuscoComm_t comm, const RankCtx
     }
     results.push_back(first);
   }
-  FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
   return results;
 }
 

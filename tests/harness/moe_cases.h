@@ -67,6 +67,10 @@ fuscoMoeHandle_t planChecked(fuscoComm_t comm, const RankCtx& ctx, const MoeCase
                              const MoeRefProblem& p, const MoeRefDispatch& d, int dedup,
                              const std::string& what);
 
+// Checks h's numRecvRows and tokensPerLocalExpert against the reference (failures recorded).
+void recvCountsChecked(fuscoComm_t comm, fuscoMoeHandle_t h, const RankCtx& ctx,
+                       const MoeRefDispatch& d, const std::string& what);
+
 // When on (in this rank process), dispatchChecked lands rows in a recvX from fuscoMemAlloc, so
 // peers on the node write final rows straight into it (the one-copy path) instead of staging.
 void setMoeArenaBuffers(bool on);
@@ -95,11 +99,20 @@ struct CombineSetup {
 };
 
 CombineSetup makeCombine(const MoeCase& c, uint64_t seed, fuscoDataType_t dt, size_t hidden);
+// The same around a given routing p (used as is: no token is cleared).
+CombineSetup makeCombineFor(const MoeCase& c, MoeRefProblem p, uint64_t seed, fuscoDataType_t dt,
+                            size_t hidden);
 
 // Plans, dispatches (checked), combines twice with and without weights and checks `out` bitwise
 // against the reference and the combine stats. Returns the outputs (weighted, unweighted).
 std::vector<std::vector<uint8_t>> combineChecked(fuscoComm_t comm, const RankCtx& ctx,
                                                  const CombineSetup& s, int dedup);
+
+// combineChecked's dispatch and combines on a handle planned (or replanned) for s, which stays.
+// *recvX (when non-NULL) receives the dispatch output.
+std::vector<std::vector<uint8_t>> combineOnHandle(fuscoComm_t comm, fuscoMoeHandle_t h,
+                                                  const RankCtx& ctx, const CombineSetup& s,
+                                                  int dedup, std::vector<uint8_t>* recvX = nullptr);
 
 // Runs combineChecked in NONE, RANK and AUTO and checks they agree bitwise.
 void combineAllModes(fuscoComm_t comm, const RankCtx& ctx, const CombineSetup& s);

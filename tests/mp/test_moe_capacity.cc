@@ -62,8 +62,8 @@ void dispatchAndCombine(fuscoComm_t comm, const RankCtx& ctx, const CombineSetup
   std::vector<uint8_t> recvX(capacity * rowOut);
   fusco::test::poison(recvX.data(), recvX.size());
   const auto& x = s.x[ctx.rank];
-  FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, x.empty() ? nullptr : x.data(), rowOut, recvX.data(),
-                                         nullptr));
+  FUSCO_EXPECT_OK(
+      comm, fuscoMoeDispatch(h, x.empty() ? nullptr : x.data(), rowOut, recvX.data(), nullptr));
   EXPECT_TRUE(memcmp(recvX.data(), s.d.recvX[ctx.rank].data(), need * rowOut) == 0) << what;
   EXPECT_EQ(fusco::test::findNotPoison(recvX.data() + need * rowOut, (capacity - need) * rowOut),
             SIZE_MAX)
@@ -104,8 +104,8 @@ class MoeCapacity : public ::testing::TestWithParam<int> {};
 TEST_P(MoeCapacity, MatchesTheReferenceAndLeavesSpareRowsAlone) {
   const uint64_t seed = fusco::test::testSeed();
   runRanks(GetParam(), [seed](const RankCtx& ctx) {
-    const CombineSetup s = fusco::test::makeCombine(capacityCase(ctx.nranks), seed,
-                                                    fuscoBfloat16, 24);
+    const CombineSetup s =
+        fusco::test::makeCombine(capacityCase(ctx.nranks), seed, fuscoBfloat16, 24);
     fuscoConfig_t cfg = commConfig(s.c);
     fuscoComm_t comm = initComm(ctx, &cfg);
     const size_t capacity = mostRows(s) + 5;
@@ -194,6 +194,59 @@ TEST(MoeCapacityErrors, NodeDedupAcrossNodesIsInvalidUsage) {
     fuscoMoeHandle_t h = planCapacity(comm, ctx, s, FUSCO_DEDUP_NODE, 1000, &r);
     EXPECT_EQ(r, fuscoInvalidUsage) << fuscoGetLastError(comm);
     EXPECT_EQ(h, nullptr);
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
+// A capacity handle planned again for the next layers keeps its capacity: each layer matches the
+// reference; a layer past the capacity fails every rank's replan, and the next one works.
+TEST(MoeCapacityErrors, ReplanKeepsTheCapacity) {
+  const uint64_t seed = fusco::test::testSeed();
+  runRanks(3, [seed](const RankCtx& ctx) {
+    std::vector<CombineSetup> layers;
+    for (int l = 0; l < 3; ++l) {
+      MoeCase c = capacityCase(3);
+      for (size_t& t : c.numTokens) t += 11 * l;
+      layers.push_back(fusco::test::makeCombine(c, seed + l, fuscoFloat32, 8));
+    }
+    size_t capacity = 0;
+    for (const CombineSetup& s : layers) capacity = std::max(capacity, mostRows(s));
+    fuscoConfig_t cfg = commConfig(layers[0].c);
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    fuscoResult_t r;
+    fuscoMoeHandle_t h = planCapacity(comm, ctx, layers[0], FUSCO_DEDUP_RANK, capacity, &r);
+    FUSCO_ASSERT_OK(comm, r);
+    for (int l : {0, 1, 2, 1}) {
+      const CombineSetup& s = layers[l];
+      const auto& idx = s.p.topkIdx[ctx.rank];
+      if (l != 0)
+        FUSCO_ASSERT_OK(comm, fuscoMoeReplan(h, idx.empty() ? nullptr : idx.data(),
+                                             s.p.numTokens[ctx.rank], s.p.topk, nullptr));
+      dispatchAndCombine(comm, ctx, s, h, capacity, "layer " + std::to_string(l));
+    }
+    // Every token of every rank to all four experts of rank 0: 4 rows per token there.
+    const CombineSetup& s2 = layers[2];
+    const size_t tokens = s2.p.numTokens[ctx.rank];
+    std::vector<int64_t> all0(tokens * s2.p.topk);
+    for (size_t i = 0; i < all0.size(); ++i) all0[i] = static_cast<int64_t>(i % s2.p.topk);
+    size_t total = 0;
+    for (size_t t : s2.p.numTokens) total += t;
+    ASSERT_GT(4 * total, capacity);
+    r = fuscoMoeReplan(h, all0.empty() ? nullptr : all0.data(), tokens, s2.p.topk, nullptr);
+    EXPECT_NE(r, fuscoSuccess);
+    if (ctx.rank == 0)
+      EXPECT_NE(
+          std::string(fuscoGetLastError(comm)).find("recvCapacity of " + std::to_string(capacity)),
+          std::string::npos)
+          << fuscoGetLastError(comm);
+    size_t rows = 0;
+    EXPECT_EQ(fuscoMoeGetRecvCounts(h, &rows, nullptr), fuscoInvalidUsage);
+    const auto& idx = layers[1].p.topkIdx[ctx.rank];
+    FUSCO_ASSERT_OK(
+        comm, fuscoMoeReplan(h, idx.empty() ? nullptr : idx.data(), layers[1].p.numTokens[ctx.rank],
+                             layers[1].p.topk, nullptr));
+    dispatchAndCombine(comm, ctx, layers[1], h, capacity, "layer 1 after an overflow");
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
   });
 }

@@ -107,6 +107,7 @@ _SIGNATURES = {
     "fuscoScatterRecv": (_R, [_P, _P, _SZ, _SZ, ctypes.c_int, _P, _P]),
     "fuscoMoePlan": (_R, [ctypes.POINTER(_P), _P, ctypes.POINTER(MoeConfig), _P, _SZ, ctypes.c_int,
                           _P]),
+    "fuscoMoeReplan": (_R, [_P, _P, _SZ, ctypes.c_int, _P]),
     "fuscoMoeGetRecvCounts": (_R, [_P, ctypes.POINTER(_SZ), _P]),
     "fuscoMoeDispatch": (_R, [_P, _P, _SZ, _P, _P]),
     "fuscoMoeCombine": (_R, [_P, _P, ctypes.c_int, _SZ, _P, _P, _P]),
