@@ -214,15 +214,18 @@ bool CudaMoeImpl::timed(const Barrier& barrier, double* ms, const std::function<
 
 bool CudaMoeImpl::runFusco(fuscoMoeHandle_t* h, bool plan, bool poison, const Barrier& barrier,
                            double* t) {
-  if (plan && *h != nullptr) fuscoMoeHandleDestroy(*h), *h = nullptr;
   const size_t rb = s_.rowBytes;
   if (poison && !(cudaFillSync(recvX_, 0xA5, recvRows_ * rb, stream(), &err_) &&
                   cudaFillSync(out_, 0xA5, s_.tokens * rb, stream(), &err_)))
     return false;
   fuscoMoeConfig_t cfg = s_.moe;
+  // A kept handle is planned again in place, as a model does layer after layer.
   auto doPlan = [&] {
-    return !plan || fok(fuscoMoePlan(h, cuda_.comm, &cfg, topk_, s_.tokens, s_.topk, stream()),
-                        "fuscoMoePlan");
+    if (!plan) return true;
+    if (*h != nullptr)
+      return fok(fuscoMoeReplan(*h, topk_, s_.tokens, s_.topk, stream()), "fuscoMoeReplan");
+    return fok(fuscoMoePlan(h, cuda_.comm, &cfg, topk_, s_.tokens, s_.topk, stream()),
+               "fuscoMoePlan");
   };
   auto doDispatch = [&] {
     const auto t0 = std::chrono::steady_clock::now();

@@ -50,7 +50,7 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
       "pipeline "
       "buffers, out): %s\n",
       dedups.c_str(), balances.c_str(), o_.fuse ? "on" : "off (runs the unfused pipeline)",
-      o_.replan ? "every iteration" : "off (plan once, reuse)",
+      o_.replan ? "every iteration (fuscoMoeReplan of the kept handle)" : "off (plan once, reuse)",
       gpu_       ? bufferKindText(static_cast<BufferKind>(o_.arena))
       : o_.arena ? "fuscoMemAlloc (arena: local peers write them directly)"
                  : "malloc (staged)");

@@ -2,7 +2,8 @@
 // test_gpu_sanitizer.cc runs it under --tool memcheck and --tool racecheck). The parent forks the
 // ranks before anything touches CUDA; each rank plans, dispatches and combines (NONE and RANK
 // dedup, bf16 and fp32) on its own stream and checks the results bitwise against the host
-// reference. Prints "fusco_gpu_sanitizer_moe: OK" and exits 0 when every rank succeeded.
+// reference; then a capacity plan one row short on rank 0 (an async error, nothing written out of
+// bounds). Prints "fusco_gpu_sanitizer_moe: OK" and exits 0 when every rank succeeded.
 //
 // Usage: fusco_gpu_sanitizer_moe [nranks (default 2)]
 #include <gtest/gtest-spi.h>
@@ -44,6 +45,28 @@ void check(int rank, const ::testing::AssertionResult& r, const std::string& wha
   if (!r) report(rank, what + ": " + r.message());
 }
 
+// Capacity mode with rank 0 one row short: the plan and dispatch enqueue, nothing is written out
+// of bounds, and every rank's async error says the plan failed.
+void capacityOverflow(fuscoComm_t comm, int rank, const CombineSetup& s, cudaStream_t st) {
+  const size_t rowOut = s.hidden * dtypeSize(s.dt), need = s.d.numRecvRows[rank];
+  const size_t capacity = rank == 0 ? need - 1 : need;
+  DevBuf idx = toDevice(comm, s.p.topkIdx[rank]), x = toDevice(comm, s.x[rank]);
+  DevBuf recvX = poisonedBuf(comm, capacity * rowOut);
+  fuscoMoeConfig_t cfg = moeConfig(s.c, FUSCO_DEDUP_RANK);
+  fuscoMoeHandle_t h = nullptr;
+  if (fuscoMoePlanCapacity(&h, comm, &cfg, static_cast<const int64_t*>(idx.get()),
+                           s.p.numTokens[rank], s.p.topk, capacity, st) != fuscoSuccess)
+    return report(rank, std::string("capacity plan: ") + fuscoGetLastError(comm));
+  if (fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), st) != fuscoSuccess)
+    report(rank, std::string("capacity dispatch: ") + fuscoGetLastError(comm));
+  if (cudaStreamSynchronize(st) != cudaSuccess) report(rank, "capacity: stream failed");
+  fuscoResult_t async = fuscoSuccess;
+  fuscoCommGetAsyncError(comm, &async);
+  if (async != fuscoInvalidArgument)
+    report(rank, std::string("capacity overflow: async error ") + fuscoGetErrorString(async));
+  if (fuscoMoeHandleDestroy(h) != fuscoSuccess) report(rank, "fuscoMoeHandleDestroy failed");
+}
+
 void runRank(int rank, int n, const fuscoUniqueId& id) {
   if (cudaSetDevice(0) != cudaSuccess) return report(rank, "cudaSetDevice(0) failed");
   fuscoConfig_t cfg = gpuConfig(n, 120000);
@@ -77,6 +100,7 @@ void runRank(int rank, int n, const fuscoUniqueId& id) {
         if (fuscoMoeHandleDestroy(h) != fuscoSuccess) report(rank, "fuscoMoeHandleDestroy failed");
       }
     }
+    capacityOverflow(comm, rank, makeCombine(c, 0x5a417, fuscoBfloat16, 40), stream.get());
   }
   r = fuscoCommDestroy(comm);
   if (r != fuscoSuccess) report(rank, std::string("fuscoCommDestroy -> ") + fuscoGetErrorString(r));
