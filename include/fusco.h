@@ -237,25 +237,28 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats);
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle);
 
 /* Capacity mode (DeepEP's num_worst_tokens): fuscoMoePlan with every rank's receive side sized
- * for recvCapacity rows (padding included), planned by the GPU planner's steps (dedup NONE or
- * RANK; NODE dedup across nodes is fuscoInvalidUsage). On a CUDA communicator the plan and the
- * handle's dispatch and combine only enqueue, with no host synchronization: the receive counts
- * stay on the device (fuscoMoeGetRecvCountsDevice), recvX and expertOut hold recvCapacity rows
- * (dispatch leaves rows past the real count as they are; combine does not read them). A routing
- * that needs more rows than a rank's capacity, or an invalid id, moves nothing and writes nothing
- * out of bounds: fuscoCommGetAsyncError reports fuscoInvalidArgument on every rank (the rows
- * needed and the capacity, or the token and slot), and the handle's dispatch and combine fail
- * alike on every rank (asynchronously) until it is planned again. On a host communicator the
- * call itself returns those errors. recvCapacity 0 is fuscoInvalidArgument. */
+ * for recvCapacity rows (padding included; [1, 2^32 - 1]), planned by the GPU planner's steps
+ * (dedup NONE or RANK; NODE dedup across nodes is fuscoInvalidUsage). On a CUDA communicator the
+ * plan and the handle's dispatch and combine never wait for the stream: the plan has one host
+ * round with the peers (every rank's arguments), the sizes are resolved by the communicator's
+ * progress thread, the receive counts stay on the device (fuscoMoeGetRecvCountsDevice). recvX and
+ * expertOut hold recvCapacity rows (dispatch leaves rows past the real count as they are; combine
+ * does not read them). A routing that needs more rows than a rank's capacity, or an invalid id,
+ * moves no row and writes nothing out of bounds (padding rows inside the capacity may be zeroed):
+ * fuscoCommGetAsyncError reports fuscoInvalidArgument on every rank (the rows needed and the
+ * capacity, or the token and slot), and the handle's dispatch and combine fail alike on every
+ * rank (asynchronously) until it is planned again. On a host communicator the call itself returns
+ * those errors. */
 fuscoResult_t fuscoMoePlanCapacity(fuscoMoeHandle_t* handle, fuscoComm_t comm,
                                    const fuscoMoeConfig_t* config, const int64_t* topkIdx,
                                    size_t numTokens, int topk, size_t recvCapacity, void* stream);
 /* Where the plan's stream writes this rank's receive rows (one int64, padding included) and its
  * tokens per local expert (int64 [numLocalExperts]; NULL: not wanted): device memory on a CUDA
- * communicator, host memory on a host one; valid until the handle is destroyed. A handle planned
- * on the host (FUSCO_PLAN=host, NODE dedup across nodes) is fuscoInvalidUsage.
- * fuscoMoeGetRecvCounts on a capacity plan waits for the plan to resolve (it synchronizes with the
- * plan's stream). */
+ * communicator, host memory on a host one. The pointers stay valid until the handle is destroyed;
+ * each plan of the handle rewrites the values in stream order (zeros after a capacity overflow).
+ * A handle planned on the host (FUSCO_PLAN=host, NODE dedup across nodes) is fuscoInvalidUsage.
+ * fuscoMoeGetRecvCounts on a capacity plan waits for the plan to resolve (it synchronizes with
+ * the plan's stream). */
 fuscoResult_t fuscoMoeGetRecvCountsDevice(fuscoMoeHandle_t handle, const int64_t** numRecvRows,
                                           const int64_t** tokensPerLocalExpert);
 

@@ -105,14 +105,19 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
     h->impl.topk = topk;
     h->impl.capacity = capacity;
     ArgCheck a;
-    if (capacityMode && capacity == 0) a.fail("%s: recvCapacity is 0", fn);
+    if (capacityMode && (capacity == 0 || capacity > UINT32_MAX))
+      a.fail("%s: recvCapacity %zu outside the supported range [1, 2^32 - 1]", fn, capacity);
     if (handle == nullptr) a.fail("%s: handle is NULL", fn);
     checkStream(comm, stream, fn, &a);
     checkMoeConfig(config, &a);
     if (numTokens > 0 && topkIdx == nullptr)
       a.fail("%s: topkIdx is NULL with %zu tokens", fn, numTokens);
     checkDevicePtr(comm, topkIdx, fn, "topkIdx", &a);
-    FUSCO_CHECK(planMoe(config, topkIdx, stream, a, &h->impl));
+    const fuscoResult_t r = planMoe(config, topkIdx, stream, a, &h->impl);
+    if (r != fuscoSuccess) {
+      moeQuiesce(h->impl);  // operations it enqueued may still refer to it
+      return r;
+    }
     registerLive(LiveKind::MoeHandle, h.get());
     *handle = h.release();
     return fuscoSuccess;

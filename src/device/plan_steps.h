@@ -204,7 +204,9 @@ struct CloseRank {
 struct TermRow {
   SendArgs a;
   const int64_t* remoteFan;
-  FUSCO_HD void operator()(uint64_t i) const { a.termRow[i] = remoteFan[a.termSrc[i]]; }
+  FUSCO_HD void operator()(uint64_t i) const {
+    if (*a.badSlot == kNoBadSlot) a.termRow[i] = remoteFan[a.termSrc[i]];
+  }
 };
 
 // The receive side: every source's kStart and local-expert list for this rank in, the receive
@@ -242,10 +244,13 @@ struct RecvArgs {
   int64_t* basesOut = nullptr;
   // padByExpert [2 * numLocal]: expert e's padding range (count 0 when none, and for every expert
   // when the rows exceed a nonzero capacity), so a zero-filling kernel needs no count from the
-  // host; numRecv: the receive rows (padding included) as one int64 in the plan's memory.
+  // host.
   uint64_t capacity = 0;
   int64_t* padByExpert = nullptr;
-  int64_t* numRecv = nullptr;
+  // counts [1 + numLocal]: the receive rows (padding included), then the rows per local expert,
+  // where the device reads them (fuscoMoeGetRecvCountsDevice; zeros when the rows exceed a nonzero
+  // capacity). Optional.
+  int64_t* counts = nullptr;
 };
 
 // The last s in [0, n] with off[s] <= g (off ascending, off[0] = 0).
@@ -340,9 +345,13 @@ struct WriteBlock {
 struct FinishLayout {
   RecvArgs a;
   FUSCO_HD void operator()(uint64_t e) const {
-    if (e == 0 && a.numRecv != nullptr) *a.numRecv = a.totals[0];
-    if (a.padByExpert != nullptr && a.capacity != 0 && a.totals[0] > a.capacity)
-      a.padByExpert[2 * e + 1] = 0;
+    const bool over = a.capacity != 0 && a.totals[0] > a.capacity;
+    if (a.counts != nullptr && e == 0) a.counts[0] = over ? 0 : a.totals[0];
+    if (a.counts != nullptr && e < a.numLocal) a.counts[1 + e] = over ? 0 : a.expertCount[e];
+    if (a.padByExpert == nullptr || a.capacity == 0 || e >= a.numLocal) return;
+    // Never a range past the capacity, whatever the totals say (a zero-filling kernel trusts it).
+    const uint64_t end = static_cast<uint64_t>(a.padByExpert[2 * e]) + a.padByExpert[2 * e + 1];
+    if (over || end > a.capacity) a.padByExpert[2 * e + 1] = 0;
   }
 };
 
@@ -407,15 +416,22 @@ struct FanArgs {
   uint32_t* hist = nullptr;          // [numExperts * maxChunks]
   uint32_t* expertTotals = nullptr;  // [numExperts]
   int64_t* remoteFan = nullptr;      // [maxSlots] packed like the slot lists
+  // The send side's first bad slot: an invalid routing has no slot lists to walk (the send side
+  // wrote none), so the fan steps write nothing.
+  const unsigned long long* badSlot = nullptr;
 };
 
 template <typename F>
 FUSCO_HD inline void walkOwnChunk(const FanArgs& a, uint64_t c, F f) {
+  if (*a.badSlot != kNoBadSlot) return;
   const uint64_t total = *a.slotCount;
   const uint64_t start = c * a.chunk;
   if (start >= total || total > a.maxSlots) return;
   const uint64_t end = start + a.chunk < total ? start + a.chunk : total;
-  for (uint64_t i = start; i < end; ++i) f(static_cast<uint32_t>(a.expert[i]), i);
+  for (uint64_t i = start; i < end; ++i) {
+    const uint32_t e = static_cast<uint32_t>(a.expert[i]);
+    if (e < a.numExperts) f(e, i);
+  }
 }
 
 struct CountOwnChunk {

@@ -168,6 +168,7 @@ void linkLayerPlan(const LayerPlanDims& d, LayerPlan* p) {
   f.numExperts = d.numExperts;
   f.basesIn = p->basesIn;
   f.basePos = p->basePos;
+  f.badSlot = s.badSlot;
 }
 
 }  // namespace
@@ -191,7 +192,6 @@ size_t carveLayerPlan(char* base, const LayerPlanDims& d, LayerPlan* p) {
   l.padFlag = c.take<uint32_t>(local);
   l.basesOut = c.take<int64_t>(d.nranks * local);
   l.padByExpert = c.take<int64_t>(2 * local);
-  l.numRecv = c.take<int64_t>(1);
   p->basesIn = c.take<int64_t>(d.numExperts);
   gplan::FanArgs& f = p->fan;
   f.maxSlots = d.numTokens * d.topk;

@@ -54,6 +54,7 @@ std::vector<AgreeValue> planAgreement(const MoeHandle& h) {
       {"config.expertToRank", placementDigest(h.shape.expertToRank), showDigest},
       {"config.expertAlignment", static_cast<uint64_t>(h.shape.expertAlignment)},
       {"planner", h.bySteps ? 1u : 0u, showPlanner},
+      {"capacity mode (fuscoMoePlanCapacity)", h.capacity != 0 ? 1u : 0u},
   };
 }
 

@@ -40,8 +40,8 @@ bool planFailed(const MoeHandle& h, const char* fn, Op& op) {
   if (h.planState == MoeHandle::kPlanReady) return false;
   op.argStatus = fuscoInvalidUsage;
   op.argError = std::string(fn) +
-                ": the handle's fuscoMoePlanCapacity failed on every rank "
-                "(fuscoCommGetAsyncError said why); replan it";
+                ": the handle's last plan failed on every rank (fuscoCommGetAsyncError said why); "
+                "plan it again (fuscoMoeReplan)";
   return true;
 }
 

@@ -135,6 +135,11 @@ struct MoeHandle {
     int64_t* fanRows = nullptr;
     std::vector<uint32_t> rowOffFrom, entryOff;
     StreamEvent summaryReady;
+    // The receive counts where the device reads them (fuscoMoeGetRecvCountsDevice): a small
+    // allocation of its own, made once, so the pointers stay valid across replans.
+    DeviceBuffer countsBuffer;
+    std::vector<int64_t> hostCounts;
+    int64_t* counts = nullptr;
   } steps;
 
   // Every list the plan holds and the device buffer's two sides: the same before and after a

@@ -56,6 +56,7 @@ class LayerRun {
   void checkCapture(ArgCheck* a);
   fuscoResult_t reserve(size_t bytes);
   fuscoResult_t reserveFanLists(uint64_t rows, uint64_t entries);
+  fuscoResult_t reserveCounts();
   void fillTables();
   fuscoResult_t run(fuscoResult_t (*onDevice)(const LayerPlan&, void*),
                     void (*onHost)(const LayerPlan&));
@@ -101,8 +102,9 @@ void LayerRun::checkCapture(ArgCheck* a) {
     a->status = fuscoInvalidUsage;
   } else if (capturing) {
     a->fail(
-        "fuscoMoePlanCapacity: cannot be captured into a CUDA graph yet; plan before the "
-        "capture and capture dispatch and combine");
+        "%s: a capacity plan cannot be captured into a CUDA graph yet; plan before the capture "
+        "and capture dispatch and combine",
+        h_.names->call);
     a->status = fuscoInvalidUsage;
   }
 }
@@ -119,7 +121,23 @@ fuscoResult_t LayerRun::reserve(size_t bytes) {
     st_ = p_;
   }
   p_.layout.capacity = st_.layout.capacity = h_.capacity;
+  FUSCO_CHECK(reserveCounts());
+  p_.layout.counts = h_.steps.counts;
   if (h_.capacity != 0) FUSCO_CHECK(reserveFanLists(h_.capacity, h_.capacity));
+  return fuscoSuccess;
+}
+
+// The receive counts' own allocation, made once per handle (its size depends on the placement
+// only), so the device pointers a caller keeps stay valid across replans.
+fuscoResult_t LayerRun::reserveCounts() {
+  const size_t n = 1 + d_.numLocal;
+  if (!dev_) {
+    if (h_.steps.hostCounts.size() != n) h_.steps.hostCounts.assign(n, 0);
+    h_.steps.counts = h_.steps.hostCounts.data();
+  } else if (h_.steps.counts == nullptr) {
+    FUSCO_CHECK(h_.steps.countsBuffer.reserve(n * sizeof(int64_t), c_.timeoutMs()));
+    h_.steps.counts = reinterpret_cast<int64_t*>(h_.steps.countsBuffer.device());
+  }
   return fuscoSuccess;
 }
 
@@ -147,6 +165,12 @@ void LayerRun::prepare(const int64_t* topkIdx, ArgCheck* a) {
   if (a->ok() && h_.topk > 255) a->fail("MoE routing: topk %d outside [1, 255]", h_.topk);
   if (a->ok() && h_.numTokens > static_cast<size_t>(INT32_MAX))
     a->fail("MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank", h_.numTokens);
+  // The steps number (token, slot) pairs in 32 bits.
+  if (a->ok() && h_.numTokens * static_cast<uint64_t>(h_.topk) > UINT32_MAX)
+    a->fail(
+        "MoE routing: %zu tokens x top-%d, more than the supported 2^32 - 1 (token, slot) "
+        "pairs per rank",
+        h_.numTokens, h_.topk);
   if (a->ok() && dev_) joinFailure(c_.useDevice(), a);
   if (!a->ok()) return;
   topk_ = topkIdx;
@@ -272,15 +296,14 @@ fuscoResult_t waitSummary(MoeHandle& h) {
     FUSCO_CHECK(h.steps.summaryReady.query(&done));
     if (done) return fuscoSuccess;
     if (c.brokenResult() != fuscoSuccess)
-      return FUSCO_FAIL(c.brokenResult(), kPlan, "fuscoMoePlanCapacity: %s",
+      return FUSCO_FAIL(c.brokenResult(), kPlan, "a capacity plan's summary: %s",
                         c.brokenMessage().c_str());
     for (int p = 0; p < c.nranks() && i % 64 == 0; ++p)
       if (p != c.rank()) FUSCO_CHECK(c.checkPeer(p));
     if (nowNs() - start > c.timeoutMs() * 1000000LL)
-      return FUSCO_FAIL(
-          fuscoTimeout, kPlan,
-          "fuscoMoePlanCapacity: the plan's stream work did not finish within %lld ms",
-          static_cast<long long>(c.timeoutMs()));
+      return FUSCO_FAIL(fuscoTimeout, kPlan,
+                        "a capacity plan's stream work did not finish within %lld ms",
+                        static_cast<long long>(c.timeoutMs()));
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
@@ -324,8 +347,7 @@ fuscoResult_t LayerRun::lateFanLists() {
   // resolving sees the plan it was called with.
   MoeHandle* h = &h_;
   FUSCO_CHECK(op(
-      "fuscoMoePlanCapacity (fan lists)", ArgCheck(), w, false,
-      [h](Op& o) { return resolveFanLists(*h, o); },
+      h_.names->fanLists, ArgCheck(), w, false, [h](Op& o) { return resolveFanLists(*h, o); },
       [h](bool ok) { h->planState = ok ? MoeHandle::kPlanReady : MoeHandle::kPlanFailed; }));
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }

@@ -97,7 +97,14 @@ void checkSummary(MoeHandle& h, ArgCheck* b) {
     z.rowsFrom[r] = m[0], z.slotsFrom[r] = m[1];
     slots += m[1];
   }
-  if (slots > UINT32_MAX) {
+  uint64_t padded = 0;  // the receive rows with padding, exactly (the device sums in 32 bits)
+  const uint64_t align = static_cast<uint64_t>(h.shape.expertAlignment);
+  for (uint32_t e = 0; e < mine; ++e)
+    padded += (static_cast<uint64_t>(st.layout.tokensPerLocal[e]) + align - 1) / align * align;
+  if (padded > UINT32_MAX) {
+    b->fail("rank %d: %llu receive rows with padding, more than the supported 2^32 - 1",
+            h.comm->rank(), static_cast<unsigned long long>(padded));
+  } else if (slots > UINT32_MAX) {
     b->fail("rank %d: %llu (row, expert) pairs to receive, more than the supported 2^32 - 1",
             h.comm->rank(), static_cast<unsigned long long>(slots));
   } else if (h.capacity != 0 && st.layout.totals[0] > h.capacity) {
@@ -172,8 +179,8 @@ fuscoResult_t moeRecvCountsDevice(const MoeHandle& h, const int64_t** numRecvRow
     return FUSCO_FAIL(fuscoInvalidUsage, kApi,
                       "fuscoMoeGetRecvCountsDevice: this handle was planned on the host "
                       "(FUSCO_PLAN=host, or NODE dedup across nodes); use fuscoMoeGetRecvCounts");
-  *numRecvRows = h.steps.plan.layout.numRecv;
-  if (tokensPerLocalExpert != nullptr) *tokensPerLocalExpert = h.steps.plan.layout.tokensPerLocal;
+  *numRecvRows = h.steps.counts;
+  if (tokensPerLocalExpert != nullptr) *tokensPerLocalExpert = h.steps.counts + 1;
   return fuscoSuccess;
 }
 

@@ -176,7 +176,11 @@ TEST(MoeCapacityErrors, InvalidIdAndZeroCapacityFailOnEveryRank) {
     h = planCapacity(comm, ctx, s, FUSCO_DEDUP_RANK, 0, &r);
     EXPECT_EQ(r, fuscoInvalidArgument);
     EXPECT_EQ(h, nullptr);
-    EXPECT_NE(std::string(fuscoGetLastError(comm)).find("recvCapacity is 0"), std::string::npos);
+    EXPECT_NE(std::string(fuscoGetLastError(comm)).find("recvCapacity 0 outside"),
+              std::string::npos);
+    h = planCapacity(comm, ctx, s, FUSCO_DEDUP_RANK, size_t{1} << 40, &r);
+    EXPECT_EQ(r, fuscoInvalidArgument);
+    EXPECT_EQ(h, nullptr);
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
   });
 }
@@ -247,6 +251,31 @@ TEST(MoeCapacityErrors, ReplanKeepsTheCapacity) {
                              layers[1].p.topk, nullptr));
     dispatchAndCombine(comm, ctx, layers[1], h, capacity, "layer 1 after an overflow");
     FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
+// One rank plans in capacity mode and the other with sizes: the call's agreement fails both,
+// naming what differs, and neither gets a handle.
+TEST(MoeCapacityErrors, CapacityPlanAgainstAPlanWithSizesFailsBothRanks) {
+  const uint64_t seed = fusco::test::testSeed();
+  runRanks(2, [seed](const RankCtx& ctx) {
+    const CombineSetup s = fusco::test::makeCombine(capacityCase(2), seed, fuscoFloat32, 8);
+    fuscoConfig_t cfg = commConfig(s.c);
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    fuscoResult_t r;
+    fuscoMoeHandle_t h = nullptr;
+    if (ctx.rank == 0) {
+      h = planCapacity(comm, ctx, s, FUSCO_DEDUP_RANK, 1000, &r);
+    } else {
+      fuscoMoeConfig_t mc = fusco::test::moeConfig(s.c, FUSCO_DEDUP_RANK);
+      r = fuscoMoePlan(&h, comm, &mc, s.p.topkIdx[1].data(), s.p.numTokens[1], s.p.topk, nullptr);
+    }
+    EXPECT_EQ(r, fuscoInvalidUsage);
+    EXPECT_EQ(h, nullptr);
+    // The planner or the capacity mode, whichever the agreement compares first.
+    EXPECT_NE(std::string(fuscoGetLastError(comm)).find("differs between ranks"), std::string::npos)
+        << fuscoGetLastError(comm);
     FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
   });
 }

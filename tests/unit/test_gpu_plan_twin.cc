@@ -5,6 +5,7 @@
 // small write nothing. tests/gpu/test_gpu_plan.cc runs the same cases on the kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -100,6 +101,40 @@ TEST(GpuPlanTwinCapacity, TooManyEntriesAreReportedAndNothingIsWritten) {
     EXPECT_NE(run.recvErrors(r) & gplan::kErrOverflow, 0u) << "rank " << r;
     EXPECT_TRUE(run.fanRowsUntouched(r)) << "rank " << r;
   }
+}
+
+// A layer plan (fuscoMoePlan's steps) on a routing with a repeated id, in a buffer of garbage:
+// the send side reports the bad slot and the fan steps read and write nothing (the slot lists
+// they would walk were never written). ASan runs this in CI.
+TEST(GpuPlanTwinInvalid, LayerFanStepsTouchNothingForAnInvalidRouting) {
+  LayerPlanDims d;
+  d.numTokens = 3;
+  d.topk = 2;
+  d.nranks = 1;
+  d.numExperts = 4;
+  d.numLocal = 4;
+  LayerPlan p;
+  std::vector<char> buf(carveLayerPlan(nullptr, d, &p), 0x7f);
+  carveLayerPlan(buf.data(), d, &p);
+  const std::vector<int64_t> topk = {0, 1, 2, 2, 3, -1};  // token 1 names expert 2 twice
+  for (int e = 0; e < 4; ++e) {
+    p.rankOf[e] = 0;
+    p.localOf[e] = e;
+    p.msgPos[e] = 2 + e;
+    p.basePos[e] = e;
+  }
+  p.msgOff[0] = 0;
+  p.send.topkIdx = topk.data();
+  hostPlanSend(p.send);
+  EXPECT_EQ(*p.send.badSlot, 3u);
+  hostPlanFan(p.fan, p.send);
+  const size_t slots = d.numTokens * d.topk;
+  const auto untouched = [](const void* at, size_t bytes) {
+    const char* c = static_cast<const char*>(at);
+    return std::all_of(c, c + bytes, [](char b) { return b == 0x7f; });
+  };
+  EXPECT_TRUE(untouched(p.fan.remoteFan, slots * sizeof(int64_t))) << "fan rows written";
+  EXPECT_TRUE(untouched(p.send.termRow, slots * sizeof(int64_t))) << "term rows written";
 }
 
 }  // namespace
