@@ -89,8 +89,12 @@ struct HostMem {
     bufs.emplace_back(bytes + 16);
     return bufs.back().data();
   }
-  void put(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-  void get(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+  void put(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) memcpy(dst, src, bytes);
+  }
+  void get(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) memcpy(dst, src, bytes);
+  }
   void send(const fusco::gplan::SendArgs& a) { fusco::hostPlanSend(a); }
 };
 

@@ -33,8 +33,12 @@ struct TwinExec {
   void send(const gplan::SendArgs& a) { hostPlanSend(a); }
   void recv(const gplan::RecvArgs& a) { hostPlanRecv(a); }
   void terms(const gplan::SendArgs& a, const int64_t* fan) { hostPlanTermRows(a, fan); }
-  void toDevice(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-  void toHost(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+  void toDevice(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) memcpy(dst, src, bytes);
+  }
+  void toHost(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) memcpy(dst, src, bytes);
+  }
   std::vector<std::vector<char>> bufs;
 };
 
