@@ -299,15 +299,6 @@ FUSCO_HD inline void walkChunk(const RecvArgs& a, uint64_t c, F f) {
   }
 }
 
-struct CountChunk {
-  RecvArgs a;
-  FUSCO_HD void operator()(uint64_t c) const {
-    uint32_t* h = a.hist;
-    const uint32_t m = a.maxChunks;
-    walkChunk(a, c, [h, m, c](uint32_t e, uint64_t) { ++h[e * static_cast<uint64_t>(m) + c]; });
-  }
-};
-
 // Expert e's block size padded up to the alignment (an empty block stays empty).
 FUSCO_HD inline uint32_t paddedBlock(const RecvArgs& a, uint64_t e) {
   return (a.expertCount[e] + a.align - 1) / a.align * a.align;
@@ -422,7 +413,7 @@ struct FanArgs {
 };
 
 template <typename F>
-FUSCO_HD inline void walkOwnChunk(const FanArgs& a, uint64_t c, F f) {
+FUSCO_HD inline void walkChunk(const FanArgs& a, uint64_t c, F f) {
   if (*a.badSlot != kNoBadSlot) return;
   const uint64_t total = *a.slotCount;
   const uint64_t start = c * a.chunk;
@@ -434,12 +425,15 @@ FUSCO_HD inline void walkOwnChunk(const FanArgs& a, uint64_t c, F f) {
   }
 }
 
-struct CountOwnChunk {
-  FanArgs a;
+// Chunk c: its entries per expert, into the (expert, chunk) table (RecvArgs: the entries that
+// arrive; FanArgs: this rank's own slots).
+template <typename Args>
+struct CountChunk {
+  Args a;
   FUSCO_HD void operator()(uint64_t c) const {
     uint32_t* h = a.hist;
     const uint32_t m = a.maxChunks;
-    walkOwnChunk(a, c, [h, m, c](uint32_t e, uint64_t) { ++h[e * static_cast<uint64_t>(m) + c]; });
+    walkChunk(a, c, [h, m, c](uint32_t e, uint64_t) { ++h[e * static_cast<uint64_t>(m) + c]; });
   }
 };
 
@@ -451,7 +445,7 @@ struct FanOwnChunk {
     const int64_t* base = a.basesIn;
     const uint32_t* pos = a.basePos;
     int64_t* out = a.remoteFan;
-    walkOwnChunk(a, c, [h, m, c, base, pos, out](uint32_t e, uint64_t i) {
+    walkChunk(a, c, [h, m, c, base, pos, out](uint32_t e, uint64_t i) {
       out[i] = base[pos[e]] + h[e * static_cast<uint64_t>(m) + c]++;
     });
   }
@@ -492,7 +486,7 @@ void planRecvSteps(X& x, const RecvArgs& a) {
   x.forEach(a.nranks, nullptr, SourceSizes{a});
   x.scan(a.rowOffFrom, 1, a.nranks, a.rowOffFrom + a.nranks);
   x.scan(a.entryOff, 1, a.nranks, a.entryOff + a.nranks);
-  x.forEach(a.maxChunks, nullptr, CountChunk{a});
+  x.forEach(a.maxChunks, nullptr, CountChunk<RecvArgs>{a});
   x.scan(a.hist, a.numLocal, a.maxChunks, a.expertCount);
   x.forEach(a.numLocal, nullptr, PadBlock{a});
   x.scan(a.padded, 1, a.numLocal, a.totals);
@@ -520,7 +514,7 @@ void planLayoutSteps(X& x, const RecvArgs& a) {
 template <typename X>
 void planFanSteps(X& x, const FanArgs& f, const SendArgs& a) {
   x.zero(f.hist, static_cast<uint64_t>(f.numExperts) * f.maxChunks * sizeof(uint32_t));
-  x.forEach(f.maxChunks, nullptr, CountOwnChunk{f});
+  x.forEach(f.maxChunks, nullptr, CountChunk<FanArgs>{f});
   x.scan(f.hist, f.numExperts, f.maxChunks, f.expertTotals);
   x.forEach(f.maxChunks, nullptr, FanOwnChunk{f});
   planTermRowSteps(x, a, f.remoteFan);

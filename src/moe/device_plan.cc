@@ -26,35 +26,6 @@ void put(char* host, size_t off, const std::vector<T>& v) {
   if (!v.empty()) memcpy(host + off, v.data(), v.size() * sizeof(T));
 }
 
-// The combine sum's terms, read from the ranks' expert outputs (docs/API.md's tree on one node):
-// per token, one group per rank that holds rows of it (rank ascending), closed by `last`; in a
-// group, each of the token's (t, k) rows at that rank, weighted, in the order the rank received
-// them (its fan rows, as it sent this rank in remoteFanRows). Written into the handle's lists.
-void combineSumTerms(MoeHandle& h) {
-  const int n = h.shape.nranks;
-  auto* st = &h.dev.terms;
-  std::vector<size_t> cursor(n, 0);
-  st->start.assign(1, 0);
-  st->rank.clear(), st->row.clear(), st->weight.clear(), st->last.clear();
-  for (size_t t = 0; t < h.numTokens; ++t) {
-    for (int r = 0; r < n; ++r) {
-      const auto& rows = h.send.rows[r];
-      size_t& cur = cursor[r];
-      if (cur >= rows.size() || rows[cur] != static_cast<int64_t>(t)) continue;
-      for (; cur < rows.size() && rows[cur] == static_cast<int64_t>(t); ++cur) {
-        for (uint32_t j = h.send.kStart[r][cur]; j < h.send.kStart[r][cur + 1]; ++j) {
-          st->rank.push_back(static_cast<uint32_t>(r));
-          st->row.push_back(h.remoteFanRows[r][j]);
-          st->weight.push_back(h.weightIdx[r][j]);  // t * topk + k (buildWeightIndex)
-          st->last.push_back(0);
-        }
-      }
-      if (!st->last.empty()) st->last.back() = 1;
-    }
-    st->start.push_back(static_cast<uint32_t>(st->row.size()));
-  }
-}
-
 // Where each list lies in the packed buffer: per rank, then the padding ranges and the terms.
 struct Sections {
   std::vector<size_t> sRows, rFan, sK, rStart, rRows;  // [nranks]
@@ -63,7 +34,7 @@ struct Sections {
 
 void placeSections(const MoeHandle& h, Sections* sec) {
   const int n = h.shape.nranks;
-  const MoeHandle::DevicePlan::Terms& st = h.dev.terms;
+  const MoeSumTerms& st = h.dev.terms;
   Packer pk;
   sec->sRows.resize(n), sec->rFan.resize(n), sec->sK.resize(n);
   sec->rStart.resize(n), sec->rRows.resize(n);
@@ -83,7 +54,7 @@ void placeSections(const MoeHandle& h, Sections* sec) {
 }
 
 void fillHost(const MoeHandle& h, const Sections& sec, char* host) {
-  const MoeHandle::DevicePlan::Terms& st = h.dev.terms;
+  const MoeSumTerms& st = h.dev.terms;
   for (int p = 0; p < h.shape.nranks; ++p) {
     put(host, sec.sRows[p], h.send.rows[p]);
     put(host, sec.rFan[p], h.remoteFanRows[p]);
@@ -125,7 +96,7 @@ void pointDevicePlan(const Sections& sec, const char* d, MoeHandle& h) {
 }  // namespace
 
 fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream) {
-  combineSumTerms(h);
+  planSumTerms(h.send, h.remoteFanRows, &h.dev.terms);
   Sections sec;
   placeSections(h, &sec);
   // The host side is rewritten once the previous upload's copy is done; the upload waits for the

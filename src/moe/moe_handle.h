@@ -102,12 +102,8 @@ struct MoeHandle {
     const int64_t* termRow = nullptr;
     const int64_t* termWeight = nullptr;
     const uint8_t* termLast = nullptr;
-    // Their host side, kept for the next upload: start [numTokens + 1]; the rest one per term.
-    struct Terms {
-      std::vector<uint32_t> start, rank;
-      std::vector<int64_t> row, weight;
-      std::vector<uint8_t> last;
-    } terms;
+    // Their host side (plan/moe_plan.h's planSumTerms), kept for the next upload.
+    MoeSumTerms terms;
   } dev;
   DeviceBuffer devBuffer;
 

@@ -161,10 +161,8 @@ fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
 // Every rank's checks, the capture refusal, then the buffers and the tables.
 void LayerRun::prepare(const int64_t* topkIdx, ArgCheck* a) {
   if (dev_ && a->ok()) checkCapture(a);
-  if (a->ok() && h_.topk <= 0) a->fail("%s: topk %d must be > 0", h_.names->call, h_.topk);
-  if (a->ok() && h_.topk > 255) a->fail("MoE routing: topk %d outside [1, 255]", h_.topk);
-  if (a->ok() && h_.numTokens > static_cast<size_t>(INT32_MAX))
-    a->fail("MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank", h_.numTokens);
+  if (a->ok() && validateTopkLimits(topkIdx, h_.numTokens, h_.topk) != fuscoSuccess)
+    a->fail("%s", threadLastError().c_str());
   // The steps number (token, slot) pairs in 32 bits.
   if (a->ok() && h_.numTokens * static_cast<uint64_t>(h_.topk) > UINT32_MAX)
     a->fail(

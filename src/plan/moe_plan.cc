@@ -235,8 +235,7 @@ fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, in
   return fuscoSuccess;
 }
 
-fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
-                           int topk, size_t firstToken) {
+fuscoResult_t validateTopkLimits(const int64_t* topkIdx, size_t numTokens, int topk) {
   if (topk < 1 || topk > kMaxTopk) {
     return FUSCO_FAIL(fuscoInvalidArgument, kPlan, "MoE routing: topk %d outside [1, %d]", topk,
                       kMaxTopk);
@@ -251,6 +250,12 @@ fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t
                       "MoE routing: %zu tokens, more than the supported 2^31 - 1 per rank",
                       numTokens);
   }
+  return fuscoSuccess;
+}
+
+fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
+                           int topk, size_t firstToken) {
+  FUSCO_CHECK(validateTopkLimits(topkIdx, numTokens, topk));
   // stampOf[e] = token + 1 that last selected e, slotOf[e] its slot: duplicates in O(1) per slot.
   std::vector<size_t> stampOf(shape.numExperts, 0);
   std::vector<int> slotOf(shape.numExperts, -1);
@@ -378,6 +383,31 @@ fuscoResult_t planRecv(const MoeShape& shape, int rank,
     }
   }
   return fuscoSuccess;
+}
+
+void planSumTerms(const MoeSendPlan& send, const std::vector<std::vector<int64_t>>& remoteFanRows,
+                  MoeSumTerms* out) {
+  const int n = static_cast<int>(send.rows.size());
+  std::vector<size_t> cursor(n, 0);
+  out->start.assign(1, 0);
+  out->rank.clear(), out->row.clear(), out->weight.clear(), out->last.clear();
+  for (size_t t = 0; t < send.numTokens; ++t) {
+    for (int r = 0; r < n; ++r) {
+      const auto& rows = send.rows[r];
+      size_t& cur = cursor[r];
+      if (cur >= rows.size() || rows[cur] != static_cast<int64_t>(t)) continue;
+      for (; cur < rows.size() && rows[cur] == static_cast<int64_t>(t); ++cur) {
+        for (uint32_t j = send.kStart[r][cur]; j < send.kStart[r][cur + 1]; ++j) {
+          out->rank.push_back(static_cast<uint32_t>(r));
+          out->row.push_back(remoteFanRows[r][j]);
+          out->weight.push_back(static_cast<int64_t>(t) * send.topk + send.kSlots[r][j]);
+          out->last.push_back(0);
+        }
+      }
+      if (!out->last.empty()) out->last.back() = 1;
+    }
+    out->start.push_back(static_cast<uint32_t>(out->row.size()));
+  }
 }
 
 std::string describePlan(const MoeShape& shape, const NodeMap& nodes, int rank,

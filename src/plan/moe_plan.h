@@ -68,6 +68,9 @@ fuscoResult_t buildMoeShape(int nranks, int numExperts, const int* placement, in
 // tokens are numbered from firstToken (a part of a routing checked on its own).
 fuscoResult_t validateTopk(const MoeShape& shape, const int64_t* topkIdx, size_t numTokens,
                            int topk, size_t firstToken = 0);
+// The part of validateTopk that reads no id: topk in [1, 255], a routing when there are tokens,
+// at most 2^31 - 1 tokens (a planner that checks the ids elsewhere, e.g. on the device).
+fuscoResult_t validateTopkLimits(const int64_t* topkIdx, size_t numTokens, int topk);
 
 // What one rank sends in dispatch.
 struct MoeSendPlan {
@@ -122,6 +125,20 @@ struct MoeRecvPlan {
 // in one row); *out is untouched on failure and its vectors' capacity is reused on success.
 fuscoResult_t planRecv(const MoeShape& shape, int rank,
                        const std::vector<std::vector<int32_t>>& metaFrom, MoeRecvPlan* out);
+
+// The terms of combine's sum at the source, read from the ranks' expert outputs (docs/API.md's
+// tree on one node): per token, one group per rank that holds rows of it (rank ascending), closed
+// by `last`; in a group, each of the token's (t, k) rows at that rank in the order the rank
+// received them. start [numTokens + 1]; per term its rank, its row in that rank's expert output
+// (remoteFanRows[r], the receiver's fan rows for this rank's slots), its weight index t*topk+k.
+struct MoeSumTerms {
+  std::vector<uint32_t> start, rank;
+  std::vector<int64_t> row, weight;
+  std::vector<uint8_t> last;
+};
+// Fills *out from this rank's send plan, reusing its vectors' capacity.
+void planSumTerms(const MoeSendPlan& send, const std::vector<std::vector<int64_t>>& remoteFanRows,
+                  MoeSumTerms* out);
 
 // FUSCO_PLAN_TRACE: 1 logs describePlan's line for every plan, whatever the log level.
 int64_t paramPlanTrace();

@@ -56,39 +56,6 @@ std::string diffList(const char* what, int a, int b, const T* got, const std::ve
     if (!d_.empty()) return d_; \
   } while (0)
 
-// Combine's sum terms of one source from the host plan (docs/API.md's order on one node): per
-// token, the ranks holding its rows ascending, each row's slots in k order.
-struct RefTerms {
-  std::vector<uint32_t> start, rank;
-  std::vector<int64_t> row, weight;
-  std::vector<uint8_t> last;
-};
-
-RefTerms refTerms(const MoeSendPlan& send, const std::vector<std::vector<int64_t>>& remoteFan) {
-  RefTerms st;
-  const int n = static_cast<int>(send.rows.size());
-  std::vector<size_t> cursor(n, 0);
-  st.start.assign(1, 0);
-  for (size_t t = 0; t < send.numTokens; ++t) {
-    for (int r = 0; r < n; ++r) {
-      const auto& rows = send.rows[r];
-      size_t& cur = cursor[r];
-      if (cur >= rows.size() || rows[cur] != static_cast<int64_t>(t)) continue;
-      for (; cur < rows.size() && rows[cur] == static_cast<int64_t>(t); ++cur) {
-        for (uint32_t j = send.kStart[r][cur]; j < send.kStart[r][cur + 1]; ++j) {
-          st.rank.push_back(static_cast<uint32_t>(r));
-          st.row.push_back(remoteFan[r][j]);
-          st.weight.push_back(static_cast<int64_t>(t) * send.topk + send.kSlots[r][j]);
-          st.last.push_back(0);
-        }
-      }
-      st.last.back() = 1;
-    }
-    st.start.push_back(static_cast<uint32_t>(st.row.size()));
-  }
-  return st;
-}
-
 bool allPoison(const void* p, size_t bytes) { return findNotPoison(p, bytes) == SIZE_MAX; }
 
 }  // namespace
@@ -238,7 +205,8 @@ std::string GpuPlanRun::compareTerms(int s) const {
     const gplan::RecvArgs& rv = recv_[r].host;
     remoteFan[r].assign(rv.fanRows + rv.entryOff[s], rv.fanRows + rv.entryOff[s + 1]);
   }
-  const RefTerms want = refTerms(send, remoteFan);
+  MoeSumTerms want;
+  planSumTerms(send, remoteFan, &want);
   const gplan::SendArgs& h = send_[s].host_;
   FUSCO_DIFF(diffList("termStart", s, s, h.termStart, want.start));
   FUSCO_DIFF(diffList("termRank", s, s, h.termRank, want.rank));
