@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +77,16 @@ class LayerRun {
   std::vector<uint64_t> prefixL_;    // [nranks + 1] local experts of ranks before r
 };
 
+// A host buffer of `bytes`; out of memory is an error of the call, not an exception.
+fuscoResult_t hostBytes(std::vector<char>* v, size_t bytes) {
+  try {
+    v->resize(bytes);
+  } catch (const std::bad_alloc&) {
+    return FUSCO_FAIL(fuscoSystemError, kPlan, "out of host memory for a %zu-byte MoE plan", bytes);
+  }
+  return fuscoSuccess;
+}
+
 fuscoResult_t sendOnDevice(const LayerPlan& p, void* s) { return devicePlanSend(p.send, s); }
 void sendOnHost(const LayerPlan& p) { hostPlanSend(p.send); }
 fuscoResult_t layoutOnDevice(const LayerPlan& p, void* s) { return devicePlanLayout(p.layout, s); }
@@ -116,7 +127,7 @@ fuscoResult_t LayerRun::reserve(size_t bytes) {
     carveLayerPlan(h_.devBuffer.device(), d_, &p_);
     carveLayerPlan(h_.devBuffer.host(), d_, &st_);
   } else {
-    h_.steps.hostMem.resize(bytes);
+    FUSCO_CHECK(hostBytes(&h_.steps.hostMem, bytes));
     carveLayerPlan(h_.steps.hostMem.data(), d_, &p_);
     st_ = p_;
   }
@@ -150,7 +161,7 @@ fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
     FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes, c_.timeoutMs()));
     base = h_.steps.fanBuffer.device();
   } else {
-    h_.steps.hostFan.resize(bytes);
+    FUSCO_CHECK(hostBytes(&h_.steps.hostFan, bytes));
     base = h_.steps.hostFan.data();
   }
   h_.steps.fanStart = reinterpret_cast<uint32_t*>(base);
@@ -276,10 +287,12 @@ void LayerRun::badSlotMessage(ArgCheck* b) {
 fuscoResult_t LayerRun::exchangeFanLists() {
   uint64_t rows = 0, entries = 0;
   for (int s = 0; s < n_; ++s) rows += h_.sizes.rowsFrom[s], entries += h_.sizes.slotsFrom[s];
-  FUSCO_CHECK(reserveFanLists(rows, entries));
-  std::vector<PeerWork> w;
-  fanListsWork(h_, &w);
-  FUSCO_CHECK(op(h_.names->fanLists, ArgCheck(), w, false));
+  // A rank that cannot hold its lists still joins, so its peers fail at once with its reason.
+  ArgCheck room;
+  joinFailure(reserveFanLists(rows, entries), &room);
+  std::vector<PeerWork> w(n_);
+  if (room.ok()) fanListsWork(h_, &w);
+  FUSCO_CHECK(op(h_.names->fanLists, room, w, false));
   // Dispatch and combine on other streams wait for everything above.
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }
