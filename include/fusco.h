@@ -280,6 +280,77 @@ fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes);
 fuscoResult_t fuscoMoeReplan(fuscoMoeHandle_t handle, const int64_t* topkIdx, size_t numTokens,
                              int topk, void* stream);
 
+/* ---------------------------------------------------------------- low-latency mode */
+/* Inference decode (docs/API.md, "Low-latency dispatch and combine"): a buffer sized once for at
+ * most maxTokensPerRank tokens per rank; dispatch writes each token's row straight into the
+ * per-expert receive slots of its destination ranks (no plan, no count exchange, no host round)
+ * and combine writes expert outputs back to their source, which sums them with the routing
+ * weights in combine's fixed tree. All ranks must reach each other through mapped memory (one
+ * node). Experts are placed in contiguous blocks of numExperts / nranks per rank. */
+typedef struct fuscoLowLatency* fuscoLowLatency_t;
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version; /* FUSCO_LOW_LATENCY_CONFIG_INITIALIZER */
+  int maxTokensPerRank; /* tokens one rank passes to one call: [1, 65536] */
+  int hidden;           /* bf16 elements per token row: [1, 65536]; FP8 needs a multiple of 128 */
+  int numExperts;       /* global experts, a multiple of nranks: [1, 65536] */
+  int maxTopk;          /* largest topk of a call: [1, 64] */
+} fuscoLowLatencyConfig_t;
+
+#define FUSCO_LOW_LATENCY_CONFIG_MAGIC 0xf05c011fu
+#define FUSCO_LOW_LATENCY_CONFIG_VERSION 1u
+#define FUSCO_LOW_LATENCY_CONFIG_INITIALIZER                                                \
+  {                                                                                         \
+    sizeof(fuscoLowLatencyConfig_t), FUSCO_LOW_LATENCY_CONFIG_MAGIC,                        \
+        FUSCO_LOW_LATENCY_CONFIG_VERSION, 0, 0, 0, 0                                        \
+  }
+
+/* Dispatch formats: rows as given (bf16), or e4m3 with one fp32 scale per 128 channels. */
+enum { FUSCO_LL_BF16 = 0, FUSCO_LL_FP8 = 1 };
+/* Call flag: enqueue only the sending half; fuscoLowLatencyRecvHook(hook) completes the call. */
+#define FUSCO_LL_RECV_HOOK 1u
+
+/* Where a dispatch's rows landed on this rank: memory of the low-latency buffer (device memory
+ * on a CUDA communicator), valid until the dispatch two calls later (the two buffers alternate). */
+typedef struct {
+  int buffer;                /* the buffer this dispatch used: 0 or 1 */
+  int format;                /* FUSCO_LL_BF16 or FUSCO_LL_FP8 */
+  unsigned long long hook;   /* FUSCO_LL_RECV_HOOK: the hook that completes the receive; else 0 */
+  void* recvX;               /* [numLocalExperts][maxTokensPerRank * nranks] rows: hidden bf16,
+                                or hidden e4m3 bytes; expert e's rows first, by source rank
+                                ascending, then token, then slot ascending */
+  float* recvScales;         /* FP8: [numLocalExperts][maxTokensPerRank * nranks][hidden / 128];
+                                NULL for bf16 */
+  int* recvCount;            /* [numLocalExperts] rows received per local expert */
+  int64_t* recvLayout;       /* [numLocalExperts][nranks]: (first row << 32) | rows, per source */
+  int* recvSrcToken;         /* [numLocalExperts][maxTokensPerRank * nranks]: the row's token index
+                                on its source rank */
+} fuscoLowLatencyDispatch_t;
+
+/* Collective over comm: allocates this rank's buffer (two halves) and maps every peer's. */
+fuscoResult_t fuscoLowLatencyCreate(fuscoLowLatency_t* ll, fuscoComm_t comm,
+                                    const fuscoLowLatencyConfig_t* config);
+/* Collective. x: [numTokens][hidden] bf16; topkIdx: [numTokens][topk] global expert ids, -1: none.
+ * numTokens in [0, maxTokensPerRank], topk in [1, maxTopk], the same topk on every rank. An id
+ * outside [-1, numExperts) moves nothing and is reported by fuscoCommGetAsyncError
+ * (fuscoInvalidArgument naming the token and slot). Ordered on stream; captureable. */
+fuscoResult_t fuscoLowLatencyDispatch(fuscoLowLatency_t ll, const void* x, const int64_t* topkIdx,
+                                      int numTokens, int topk, int format, unsigned int flags,
+                                      fuscoLowLatencyDispatch_t* out, void* stream);
+/* Collective. expertOut: recvX's layout in bf16 (hidden elements per row); topkIdx, numTokens and
+ * topk those of the dispatch; topkWeights [numTokens][topk] fp32 (NULL: 1). out: [numTokens][hidden]
+ * bf16, summed in combine's fixed tree (bitwise what fuscoMoeCombine computes). With
+ * FUSCO_LL_RECV_HOOK, *hook gets the hook that completes the call. */
+fuscoResult_t fuscoLowLatencyCombine(fuscoLowLatency_t ll, const fuscoLowLatencyDispatch_t* dispatched,
+                                     const void* expertOut, const int64_t* topkIdx,
+                                     const float* topkWeights, int numTokens, int topk, void* out,
+                                     unsigned int flags, unsigned long long* hook, void* stream);
+/* Completes the receive of the call that returned hook, ordered on stream (any stream); once. */
+fuscoResult_t fuscoLowLatencyRecvHook(fuscoLowLatency_t ll, unsigned long long hook, void* stream);
+/* Collective. Frees the buffer once every call on it is done. */
+fuscoResult_t fuscoLowLatencyDestroy(fuscoLowLatency_t ll);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif
