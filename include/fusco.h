@@ -300,10 +300,10 @@ typedef struct {
 
 #define FUSCO_LOW_LATENCY_CONFIG_MAGIC 0xf05c011fu
 #define FUSCO_LOW_LATENCY_CONFIG_VERSION 1u
-#define FUSCO_LOW_LATENCY_CONFIG_INITIALIZER                                                \
-  {                                                                                         \
-    sizeof(fuscoLowLatencyConfig_t), FUSCO_LOW_LATENCY_CONFIG_MAGIC,                        \
-        FUSCO_LOW_LATENCY_CONFIG_VERSION, 0, 0, 0, 0                                        \
+#define FUSCO_LOW_LATENCY_CONFIG_INITIALIZER                         \
+  {                                                                  \
+    sizeof(fuscoLowLatencyConfig_t), FUSCO_LOW_LATENCY_CONFIG_MAGIC, \
+        FUSCO_LOW_LATENCY_CONFIG_VERSION, 0, 0, 0, 0                 \
   }
 
 /* Dispatch formats: rows as given (bf16), or e4m3 with one fp32 scale per 128 channels. */
@@ -314,18 +314,18 @@ enum { FUSCO_LL_BF16 = 0, FUSCO_LL_FP8 = 1 };
 /* Where a dispatch's rows landed on this rank: memory of the low-latency buffer (device memory
  * on a CUDA communicator), valid until the dispatch two calls later (the two buffers alternate). */
 typedef struct {
-  int buffer;                /* the buffer this dispatch used: 0 or 1 */
-  int format;                /* FUSCO_LL_BF16 or FUSCO_LL_FP8 */
-  unsigned long long hook;   /* FUSCO_LL_RECV_HOOK: the hook that completes the receive; else 0 */
-  void* recvX;               /* [numLocalExperts][maxTokensPerRank * nranks] rows: hidden bf16,
-                                or hidden e4m3 bytes; expert e's rows first, by source rank
-                                ascending, then token, then slot ascending */
-  float* recvScales;         /* FP8: [numLocalExperts][maxTokensPerRank * nranks][hidden / 128];
-                                NULL for bf16 */
-  int* recvCount;            /* [numLocalExperts] rows received per local expert */
-  int64_t* recvLayout;       /* [numLocalExperts][nranks]: (first row << 32) | rows, per source */
-  int* recvSrcToken;         /* [numLocalExperts][maxTokensPerRank * nranks]: the row's token index
-                                on its source rank */
+  int buffer;              /* the buffer this dispatch used: 0 or 1 */
+  int format;              /* FUSCO_LL_BF16 or FUSCO_LL_FP8 */
+  unsigned long long hook; /* FUSCO_LL_RECV_HOOK: the hook that completes the receive; else 0 */
+  void* recvX;             /* [numLocalExperts][maxTokensPerRank * nranks] rows: hidden bf16,
+                              or hidden e4m3 bytes; expert e's rows first, by source rank
+                              ascending, then token, then slot ascending */
+  float* recvScales;       /* FP8: [numLocalExperts][maxTokensPerRank * nranks][hidden / 128];
+                              NULL for bf16 */
+  int* recvCount;          /* [numLocalExperts] rows received per local expert */
+  int64_t* recvLayout;     /* [numLocalExperts][nranks]: (first row << 32) | rows, per source */
+  int* recvSrcToken;       /* [numLocalExperts][maxTokensPerRank * nranks]: the row's token index
+                              on its source rank */
 } fuscoLowLatencyDispatch_t;
 
 /* Collective over comm: allocates this rank's buffer (two halves) and maps every peer's. */
@@ -339,10 +339,11 @@ fuscoResult_t fuscoLowLatencyDispatch(fuscoLowLatency_t ll, const void* x, const
                                       int numTokens, int topk, int format, unsigned int flags,
                                       fuscoLowLatencyDispatch_t* out, void* stream);
 /* Collective. expertOut: recvX's layout in bf16 (hidden elements per row); topkIdx, numTokens and
- * topk those of the dispatch; topkWeights [numTokens][topk] fp32 (NULL: 1). out: [numTokens][hidden]
- * bf16, summed in combine's fixed tree (bitwise what fuscoMoeCombine computes). With
- * FUSCO_LL_RECV_HOOK, *hook gets the hook that completes the call. */
-fuscoResult_t fuscoLowLatencyCombine(fuscoLowLatency_t ll, const fuscoLowLatencyDispatch_t* dispatched,
+ * topk those of the dispatch; topkWeights [numTokens][topk] fp32 (NULL: 1). out:
+ * [numTokens][hidden] bf16, summed in combine's fixed tree (bitwise what fuscoMoeCombine computes).
+ * With FUSCO_LL_RECV_HOOK, *hook gets the hook that completes the call. */
+fuscoResult_t fuscoLowLatencyCombine(fuscoLowLatency_t ll,
+                                     const fuscoLowLatencyDispatch_t* dispatched,
                                      const void* expertOut, const int64_t* topkIdx,
                                      const float* topkWeights, int numTokens, int topk, void* out,
                                      unsigned int flags, unsigned long long* hook, void* stream);

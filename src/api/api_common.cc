@@ -12,7 +12,9 @@ void unregisterComm(fuscoComm_t comm) {
 }
 
 fuscoResult_t checkObject(LiveKind kind, const void* obj, const char* fn) {
-  const char* what = kind == LiveKind::Layout ? "layout" : "MoE handle";
+  const char* what = kind == LiveKind::Layout       ? "layout"
+                     : kind == LiveKind::LowLatency ? "low-latency buffer"
+                                                    : "MoE handle";
   if (obj == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: %s is NULL", fn, what);
   if (!isLive(kind, obj))
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,

@@ -8,7 +8,7 @@ namespace fusco {
 
 namespace {
 
-constexpr int kKinds = 3;
+constexpr int kKinds = 4;
 
 struct Registry {
   std::mutex mu;

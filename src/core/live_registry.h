@@ -8,7 +8,7 @@
 
 namespace fusco {
 
-enum class LiveKind { Comm, MoeHandle, Layout };
+enum class LiveKind { Comm, MoeHandle, Layout, LowLatency };
 
 // Registers obj as live under kind; returns its serial number (never 0, never reused).
 uint64_t registerLive(LiveKind kind, const void* obj);

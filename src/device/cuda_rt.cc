@@ -153,6 +153,19 @@ fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stre
   return fuscoSuccess;
 }
 
+fuscoResult_t cudaCopySync(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return fuscoSuccess;
+  FUSCO_CUDACHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), kEngine);
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaZeroSync(void* ptr, size_t bytes) {
+  if (bytes == 0) return fuscoSuccess;
+  FUSCO_CUDACHECK(cudaMemset(ptr, 0, bytes), kEngine);
+  FUSCO_CUDACHECK(cudaDeviceSynchronize(), kEngine);
+  return fuscoSuccess;
+}
+
 void cudaDeviceSyncQuiet() {
   cudaDeviceSynchronize();
   cudaGetLastError();
@@ -370,6 +383,8 @@ bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamFlags(void*, const std::vector<StreamFlagOp>&) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaCopyAsync(void*, const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t cudaCopySync(void*, const void*, size_t) { return notBuilt(); }
+fuscoResult_t cudaZeroSync(void*, size_t) { return notBuilt(); }
 fuscoResult_t cudaAllocationRange(const void*, void**, size_t*) { return notBuilt(); }
 fuscoResult_t cudaAllocDevice(size_t, void**) { return notBuilt(); }
 fuscoResult_t cudaFreeDevice(void*) { return notBuilt(); }

@@ -43,6 +43,10 @@ fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void*
 // Copies bytes between any two buffers the device reaches (pinned host or device memory), on
 // `stream` (stream-ordered, no host wait).
 fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stream);
+// Copies between any two buffers and returns when done (setup only).
+fuscoResult_t cudaCopySync(void* dst, const void* src, size_t bytes);
+// Zeroes device memory and waits for it (setup only).
+fuscoResult_t cudaZeroSync(void* ptr, size_t bytes);
 // Pinned host memory the device reads and writes directly (mapped): *host for this process,
 // *dev for kernels and stream memory operations. Safe to call while a stream of the process is
 // being captured into a CUDA graph.

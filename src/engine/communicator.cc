@@ -327,6 +327,7 @@ void Communicator::setAsyncError(fuscoResult_t r, const std::string& why,
 }
 
 fuscoResult_t Communicator::takeAsyncError(std::string* why, fuscoResult_t* engineResult) {
+  runWatches();
   if (brokenResult() != fuscoSuccess) {
     *why = brokenMessage();
     if (engineResult != nullptr) *engineResult = brokenResult();
@@ -360,7 +361,30 @@ fuscoResult_t Communicator::graphBuffer(size_t bytes, char** ptr) {
 void Communicator::noteCapture() {
   if (captured_ || !progress_) return;
   captured_ = true;
-  progress_->setIdleCheck([this] { checkGraphPeers(); });
+  progress_->setIdleCheck([this] { idleCheck(); });
+}
+
+void Communicator::addWatch(const void* key, std::function<void()> check) {
+  {
+    std::lock_guard<std::mutex> g(watchMu_);
+    watches_[key] = std::move(check);
+  }
+  if (progress_) progress_->setIdleCheck([this] { idleCheck(); });
+}
+
+void Communicator::removeWatch(const void* key) {
+  std::lock_guard<std::mutex> g(watchMu_);
+  watches_.erase(key);
+}
+
+void Communicator::runWatches() {
+  std::lock_guard<std::mutex> g(watchMu_);
+  for (auto& w : watches_) w.second();
+}
+
+void Communicator::idleCheck() {
+  checkGraphPeers();
+  runWatches();
 }
 
 // The idle progress thread of a comm with captured operations: a dead peer breaks the comm, and

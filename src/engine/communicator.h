@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -110,6 +111,12 @@ class Communicator {
   // FUSCO_LIVENESS_MS, since replays are not announced to it (graph waits are released when
   // a peer dies).
   void noteCapture();
+  // Checks of device-side state that kernels write without the host (the low-latency buffers'
+  // words): run by the idle progress thread every FUSCO_LIVENESS_MS (which then also checks the
+  // peers, as for captured operations) and by takeAsyncError. A check may break the comm or set
+  // an asynchronous error; removeWatch returns once no check of key runs.
+  void addWatch(const void* key, std::function<void()> check);
+  void removeWatch(const void* key);
   // Steps every transport that moves posted messages in the background (TransportOps::progress).
   void progressTransports() {
     for (auto& t : transports_)
@@ -226,6 +233,10 @@ class Communicator {
   std::vector<void*> graphBuffers_;    // captured operations' buffers, freed with the comm
   bool captured_ = false;
   void checkGraphPeers();
+  void idleCheck();
+  void runWatches();
+  std::mutex watchMu_;
+  std::map<const void*, std::function<void()>> watches_;
   fuscoResult_t startAsync();
   fuscoResult_t twinFlags();
   char* twinOwnFlags_ = nullptr;      // the host twin's flag words (in the shm arena)

@@ -238,11 +238,12 @@ TEST(MoeCapacityErrors, ReplanKeepsTheCapacity) {
     ASSERT_GT(4 * total, capacity);
     r = fuscoMoeReplan(h, all0.empty() ? nullptr : all0.data(), tokens, s2.p.topk, nullptr);
     EXPECT_NE(r, fuscoSuccess);
-    if (ctx.rank == 0)
+    if (ctx.rank == 0) {
       EXPECT_NE(
           std::string(fuscoGetLastError(comm)).find("recvCapacity of " + std::to_string(capacity)),
           std::string::npos)
           << fuscoGetLastError(comm);
+    }
     size_t rows = 0;
     EXPECT_EQ(fuscoMoeGetRecvCounts(h, &rows, nullptr), fuscoInvalidUsage);
     const auto& idx = layers[1].p.topkIdx[ctx.rank];

@@ -1,0 +1,274 @@
+// The low-latency buffer (ll_buffer.h): create and destroy, and the calls that run its kernels
+// or their host twin.
+#include "moe/ll_buffer.h"
+
+#include <cstring>
+
+#include "core/log.h"
+#include "core/result.h"
+#include "device/cuda_rt.h"
+
+namespace fusco {
+
+namespace {
+
+constexpr uint64_t kHookTag = 0x11ull << 56;
+constexpr const char* kPhaseNames[ll::kPhases] = {"dispatch send", "dispatch receive",
+                                                  "combine send", "combine receive"};
+
+bool onDevice(const Communicator& c) { return c.memType() == fuscoMemCuda; }
+
+// The regions every rank's kernels read words from, in both halves.
+std::vector<std::pair<uint64_t, uint64_t>> wordRegions(const ll::Layout& l, const ll::Dims& d) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (uint64_t h = 0; h < 2; ++h) {
+    const uint64_t at = h * l.halfBytes;
+    out.push_back({at + l.dispCount, uint64_t{d.local} * d.ranks * 8});
+    out.push_back({at + l.recvCount, uint64_t{d.local} * 4});
+    out.push_back({at + l.combFlag, uint64_t{d.ranks} * 8});
+    out.push_back({at + l.dispFreed, uint64_t{d.ranks} * 8});
+    out.push_back({at + l.combFreed, uint64_t{d.ranks} * 8});
+  }
+  return out;
+}
+
+fuscoResult_t hostCheckPeer(void* ctx, int peer) {
+  return static_cast<Communicator*>(ctx)->checkPeer(peer);
+}
+
+}  // namespace
+
+LowLatency::~LowLatency() {
+  if (device_) {
+    cudaFreeMapped(hostWords_);
+    if (peersDev_ != nullptr) cudaFreeDevice(peersDev_);
+  } else {
+    delete hostWords_;
+  }
+}
+
+// This rank's buffer with its words zeroed and its state set, before any peer may write it.
+fuscoResult_t LowLatency::allocate() {
+  dims_.ranks = static_cast<uint32_t>(c_.nranks());
+  dims_.local = static_cast<uint32_t>(cfg_.numExperts / c_.nranks());
+  dims_.maxTokens = static_cast<uint32_t>(cfg_.maxTokensPerRank);
+  dims_.hidden = static_cast<uint32_t>(cfg_.hidden);
+  dims_.maxTopk = static_cast<uint32_t>(cfg_.maxTopk);
+  layout_ = ll::layoutFor(dims_);
+  void* p = nullptr;
+  FUSCO_CHECK(c_.memAlloc(layout_.total, &p));
+  buf_ = static_cast<char*>(p);
+  ll::State st{};
+  st.badCode = ll::kNoBad;
+  if (onDevice(c_)) {
+    void *h = nullptr, *d = nullptr;
+    FUSCO_CHECK(cudaAllocMapped(sizeof(ll::HostWords), &h, &d));
+    hostWords_ = static_cast<ll::HostWords*>(h);
+    hostWordsDev_ = static_cast<ll::HostWords*>(d);
+    std::memset(hostWords_, 0, sizeof(ll::HostWords));
+    for (const auto& r : wordRegions(layout_, dims_))
+      FUSCO_CHECK(cudaZeroSync(buf_ + r.first, r.second));
+    return cudaCopySync(buf_ + layout_.state, &st, sizeof(st));
+  }
+  hostWords_ = hostWordsDev_ = new ll::HostWords();
+  for (const auto& r : wordRegions(layout_, dims_)) std::memset(buf_ + r.first, 0, r.second);
+  std::memcpy(buf_ + layout_.state, &st, sizeof(st));
+  return fuscoSuccess;
+}
+
+fuscoResult_t LowLatency::mapPeers(const std::vector<std::string>& tokens) {
+  peers_.assign(dims_.ranks, 0);
+  for (int p = 0; p < c_.nranks(); ++p) {
+    if (p == c_.rank()) {
+      peers_[p] = reinterpret_cast<uint64_t>(buf_);
+      continue;
+    }
+    const PeerConn& pc = c_.conn(p);
+    void* m = pc.ops == nullptr || pc.ops->peerPointer == nullptr
+                  ? nullptr
+                  : pc.ops->peerPointer(pc.tc, p, std::strtoull(tokens[p].c_str(), nullptr, 10),
+                                        layout_.total);
+    if (m == nullptr)
+      return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                        "fuscoLowLatencyCreate: rank %d cannot map the buffer of rank %d",
+                        c_.rank(), p);
+    peers_[p] = reinterpret_cast<uint64_t>(m);
+  }
+  if (!onDevice(c_)) return fuscoSuccess;
+  void* d = nullptr;
+  FUSCO_CHECK(cudaAllocDevice(peers_.size() * 8, &d));
+  peersDev_ = static_cast<uint64_t*>(d);
+  return cudaCopySync(peersDev_, peers_.data(), peers_.size() * 8);
+}
+
+fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck a,
+                                 std::unique_ptr<LowLatency>* out) {
+  if (c.nodes().numNodes > 1)
+    return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                      "fuscoLowLatencyCreate: every rank must reach every other through mapped "
+                      "memory (one node); these %d ranks form %d nodes",
+                      c.nranks(), c.nodes().numNodes);
+  std::unique_ptr<LowLatency> l(new LowLatency(c));
+  l->cfg_ = cfg;
+  uint64_t token = 0;
+  if (a.ok() && l->allocate() != fuscoSuccess) {
+    a.status = fuscoSystemError;
+    a.message = threadLastError();
+  }
+  for (int p = 0; p < c.nranks() && a.ok(); ++p)
+    if (p != c.rank() && !c.regionToken(p, l->buf_, l->layout_.total, &token))
+      a.fail("fuscoLowLatencyCreate: rank %d's buffer cannot be mapped by rank %d", c.rank(), p);
+  std::vector<std::string> all;
+  FUSCO_CHECK(c.bootstrap().allGather(a.ok() ? std::to_string(token) : "-" + a.message, &all));
+  if (!a.ok()) return FUSCO_FAIL(a.status, kApi, "%s", a.message.c_str());
+  for (int p = 0; p < c.nranks(); ++p)
+    if (!all[p].empty() && all[p][0] == '-')
+      return FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
+                        all[p].c_str() + 1);
+  FUSCO_CHECK(l->mapPeers(all));
+  LowLatency* self = l.get();
+  if (onDevice(c)) c.addWatch(self, [self] { self->watch(); });
+  *out = std::move(l);
+  return fuscoSuccess;
+}
+
+fuscoResult_t LowLatency::destroy() {
+  if (onDevice(c_)) {
+    c_.removeWatch(this);
+    FUSCO_CHECK(c_.useDevice());
+    cudaDeviceSyncQuiet();
+  }
+  // No peer writes this buffer once every rank is here (a dead peer: nobody writes it either).
+  std::vector<std::string> all;
+  if (c_.brokenResult() == fuscoSuccess) c_.bootstrap().allGather("", &all);
+  return c_.memFree(buf_);
+}
+
+ll::Args LowLatency::argsFor(const LlCall& call) const {
+  ll::Args a;
+  a.d = dims_;
+  a.l = layout_;
+  a.rank = static_cast<uint32_t>(c_.rank());
+  a.half = static_cast<uint32_t>(call.half);
+  a.numTokens = static_cast<uint32_t>(call.numTokens);
+  a.topk = static_cast<uint32_t>(call.topk);
+  a.numExperts = static_cast<uint32_t>(cfg_.numExperts);
+  a.fp8 = call.format == FUSCO_LL_FP8 ? 1 : 0;
+  a.self = buf_;
+  a.peers = onDevice(c_) ? peersDev_ : peers_.data();
+  a.x = static_cast<const uint16_t*>(call.x);
+  a.topkIdx = call.topkIdx;
+  a.weights = call.weights;
+  a.expertOut = static_cast<const uint16_t*>(call.expertOut);
+  a.out = static_cast<uint16_t*>(call.out);
+  a.host = hostWordsDev_;
+  a.timeoutNs = static_cast<uint64_t>(c_.timeoutMs()) * 1000000ull;
+  return a;
+}
+
+fuscoResult_t LowLatency::run(const ll::Args& a, uint32_t phases, void* stream) {
+  FUSCO_CHECK(c_.brokenResult() == fuscoSuccess
+                  ? fuscoSuccess
+                  : FUSCO_FAIL(c_.brokenResult(), kApi, "%s", c_.brokenMessage().c_str()));
+  if (onDevice(c_)) {
+    FUSCO_CHECK(c_.useDevice());
+    return ll::deviceRun(a, phases, stream);
+  }
+  ll::HostWait w;
+  w.check = hostCheckPeer;
+  w.ctx = &c_;
+  w.timeoutMs = c_.timeoutMs();
+  w.livenessMs = paramLivenessMs();
+  const fuscoResult_t r = ll::hostRun(a, phases, w);
+  if (r != fuscoSuccess) c_.markBroken(r, threadLastError());
+  return r;
+}
+
+// Host comms: an invalid id the dispatch skipped is this call's error.
+fuscoResult_t LowLatency::reportHostWords(const char* fn) {
+  const uint32_t bad = hostWords_->bad;
+  if (bad == 0) return fuscoSuccess;
+  hostWords_->bad = 0;
+  return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                    "%s: token %u slot %u has an expert id outside [-1, %d); that slot moved "
+                    "nothing",
+                    fn, (bad - 1) >> 8, (bad - 1) & 0xffu, cfg_.numExperts);
+}
+
+// CUDA comms: what the kernels left in the host words, as the comm's errors.
+void LowLatency::watch() {
+  volatile ll::HostWords* w = hostWords_;
+  if (c_.brokenResult() != fuscoSuccess) w->release = 1;
+  if (const uint32_t bad = w->bad) {
+    w->bad = 0;
+    char msg[200];
+    std::snprintf(msg, sizeof(msg),
+                  "fuscoLowLatencyDispatch: token %u slot %u has an expert id outside [-1, %d); "
+                  "that slot moved nothing",
+                  (bad - 1) >> 8, (bad - 1) & 0xffu, cfg_.numExperts);
+    c_.setAsyncError(fuscoInvalidArgument, msg, fuscoInvalidArgument);
+  }
+  if (const uint32_t peer = w->timedOut) {
+    w->timedOut = 0;
+    const uint32_t ph = w->phase < ll::kPhases ? w->phase : 0;
+    c_.markBroken(fuscoTimeout, "low-latency " + std::string(kPhaseNames[ph]) +
+                                    ": waited more than " + std::to_string(c_.timeoutMs()) +
+                                    " ms for rank " + std::to_string(peer - 1));
+    w->release = 1;
+  }
+}
+
+fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t* out,
+                                   void* stream) {
+  LlCall cl = call;
+  cl.half = nextHalf();
+  ++dispatches_;
+  halfTokens_[cl.half] = cl.numTokens;
+  halfTopk_[cl.half] = cl.topk;
+  const ll::Args a = argsFor(cl);
+  const uint32_t send = ll::bit(ll::kDispatchSend), recv = ll::bit(ll::kDispatchRecv);
+  FUSCO_CHECK(run(a, cl.hook ? send : send | recv, stream));
+  fuscoLowLatencyDispatch_t o{};
+  if (cl.hook) {
+    o.hook = kHookTag | ++nextHook_;
+    hooks_[o.hook] = {a, recv};
+  }
+  char* half = buf_ + static_cast<uint64_t>(cl.half) * layout_.halfBytes;
+  o.buffer = cl.half;
+  o.format = cl.format;
+  o.recvX = half + layout_.packX;
+  o.recvScales =
+      cl.format == FUSCO_LL_FP8 ? reinterpret_cast<float*>(half + layout_.packScales) : nullptr;
+  o.recvCount = reinterpret_cast<int*>(half + layout_.recvCount);
+  o.recvLayout = reinterpret_cast<int64_t*>(half + layout_.recvLayout);
+  o.recvSrcToken = reinterpret_cast<int*>(half + layout_.packToken);
+  *out = o;
+  return onDevice(c_) ? fuscoSuccess : reportHostWords("fuscoLowLatencyDispatch");
+}
+
+fuscoResult_t LowLatency::combine(const LlCall& call, unsigned long long* hook, void* stream) {
+  const ll::Args a = argsFor(call);
+  const uint32_t send = ll::bit(ll::kCombineSend), recv = ll::bit(ll::kCombineRecv);
+  FUSCO_CHECK(run(a, call.hook ? send : send | recv, stream));
+  if (call.hook) {
+    *hook = kHookTag | ++nextHook_;
+    hooks_[*hook] = {a, recv};
+  } else if (hook != nullptr) {
+    *hook = 0;
+  }
+  return fuscoSuccess;
+}
+
+fuscoResult_t LowLatency::recvHook(unsigned long long hook, void* stream) {
+  auto it = hooks_.find(hook);
+  if (it == hooks_.end())
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "fuscoLowLatencyRecvHook: %llu is not a pending hook of this buffer (never "
+                      "returned, or completed already)",
+                      hook);
+  const auto pending = it->second;
+  hooks_.erase(it);
+  return run(pending.first, pending.second, stream);
+}
+
+}  // namespace fusco
