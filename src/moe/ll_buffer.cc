@@ -119,13 +119,18 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
     if (p != c.rank() && !c.regionToken(p, l->buf_, l->layout_.total, &token))
       a.fail("fuscoLowLatencyCreate: rank %d's buffer cannot be mapped by rank %d", c.rank(), p);
   std::vector<std::string> all;
-  FUSCO_CHECK(c.bootstrap().allGather(a.ok() ? std::to_string(token) : "-" + a.message, &all));
-  if (!a.ok()) return FUSCO_FAIL(a.status, kApi, "%s", a.message.c_str());
-  for (int p = 0; p < c.nranks(); ++p)
+  fuscoResult_t r =
+      c.bootstrap().allGather(a.ok() ? std::to_string(token) : "-" + a.message, &all);
+  if (r == fuscoSuccess && !a.ok()) r = FUSCO_FAIL(a.status, kApi, "%s", a.message.c_str());
+  for (int p = 0; p < c.nranks() && r == fuscoSuccess; ++p)
     if (!all[p].empty() && all[p][0] == '-')
-      return FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
-                        all[p].c_str() + 1);
-  FUSCO_CHECK(l->mapPeers(all));
+      r = FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
+                     all[p].c_str() + 1);
+  if (r == fuscoSuccess) r = l->mapPeers(all);
+  if (r != fuscoSuccess) {
+    if (l->buf_ != nullptr) c.memFree(l->buf_);
+    return r;
+  }
   LowLatency* self = l.get();
   if (onDevice(c)) c.addWatch(self, [self] { self->watch(); });
   *out = std::move(l);
