@@ -81,6 +81,10 @@ void usage(const char* prog) {
       "  --replan on|off     plan every iteration, as routing changes every step (on); off:\n"
       "                      plan once, reuse the handle and the pipelines' permutation\n"
       "  --contenders LIST   comma list of fusco,unfused,mpi,limit (all available)\n"
+      "  --ll on|off         on: time fuscoLowLatencyDispatch (bf16, fp8) and\n"
+      "                      fuscoLowLatencyCombine, and their receive-hook form, against\n"
+      "                      fuscoMoeDispatch / fuscoMoeCombine of one plan, us per call (off);\n"
+      "                      its defaults: --tokens 128 --experts 64 -n 100 -w 10 -np 8\n"
       "  -a 0|1|2            buffers from fuscoMemAlloc (1) or malloc (0) (1); with --mem cuda:\n"
       "                      fuscoMemAlloc (1), cudaMalloc (0), cudaMalloc + fuscoCommRegister\n"
       "                      (2)\n"
@@ -162,6 +166,7 @@ bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known
   static const char* const kOffAuto[] = {"off", "auto"};
   if (a == "--fuse") return parseName(v, kOffOn, 2, &i) && ((o->fuse = i != 0), true);
   if (a == "--replan") return parseName(v, kOffOn, 2, &i) && ((o->replan = i != 0), true);
+  if (a == "--ll") return parseName(v, kOffOn, 2, &i) && ((o->ll = i != 0), true);
   if (a == "--mpi-launch") return parseName(v, kOffAuto, 2, &i) && ((o->mpiLaunch = i != 0), true);
   if (a == "--dtype") {
     const char* const names[] = {"bf16", "fp16", "fp32"};
@@ -170,6 +175,26 @@ bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known
   }
   *known = false;
   return false;
+}
+
+// --ll on: the figure (128 tokens per rank, hidden 7168, top-8, 64 experts, 8 ranks,
+// medians of 100 iterations) where the command line leaves a value open; false (message printed)
+// on an option the mode does not take.
+bool lowLatencyOptions(const char* prog, MoeOptions* o) {
+  auto unset = [o](const char* flag) { return o->given.count(flag) == 0; };
+  if (unset("--tokens")) o->tokens = 128;
+  if (unset("--experts")) o->experts = 64;
+  if (unset("-n")) o->iters = 100;
+  if (unset("-w")) o->warmup = 10;
+  if (unset("-np") && launcherInEnvironment() == nullptr) o->launch.np = 8;
+  const char* why = o->dtype != fuscoBfloat16 ? "--dtype: the low-latency path moves bf16"
+                    : !o->fuse                ? "--fuse off: the normal row is fused"
+                    : !unset("--contenders")  ? "--contenders: its rows are fixed"
+                    : moeVariants(o->dedups, o->balances).size() > 1
+                        ? "a --dedup / --balance list: it times one normal row"
+                        : nullptr;
+  if (why != nullptr) fprintf(stderr, "%s: --ll on does not take %s\n", prog, why);
+  return why == nullptr;
 }
 
 }  // namespace
@@ -188,6 +213,7 @@ int parseMoeArgs(int argc, char** argv, MoeOptions* o) {
       return 2;
     }
     const char* v = argv[++i];
+    o->given.insert(a);
     bool known = true;
     if (!parseOption(a, v, o, &known)) {
       fprintf(stderr, "%s: %s %s (see -h)\n", argv[0], known ? "bad value for" : "unknown option",
@@ -195,6 +221,7 @@ int parseMoeArgs(int argc, char** argv, MoeOptions* o) {
       return 2;
     }
   }
+  if (o->ll && !lowLatencyOptions(argv[0], o)) return 2;
   o->routing.numExperts = o->experts, o->routing.topk = o->topk;
   o->routing.tokens = o->tokens, o->routing.seed = o->seed;
   std::string err;

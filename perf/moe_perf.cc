@@ -12,6 +12,7 @@
 // unfused pipeline and a device-to-device copy as the limit (moe_cuda.h); mpi is host-only there.
 // Contenders run interleaved each iteration, with a barrier (a tiny fuscoAllToAll) before every
 // phase. A phase's time is the slowest rank's; the table shows the median over iterations.
+// --ll on times the low-latency calls against the normal path instead (moe_perf_ll.h).
 #include "moe_perf.h"
 
 #include <sys/wait.h>
@@ -32,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "moe_perf_ll.h"
+
 namespace {
 
 double nowMs() {
@@ -40,6 +43,11 @@ double nowMs() {
       .count();
 }
 
+}  // namespace
+
+namespace fusco {
+namespace perf {
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -47,10 +55,14 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
-
-namespace fusco {
-namespace perf {
+fuscoResult_t allGather(fuscoComm_t comm, int nranks, const void* mine, void* all, size_t count,
+                        fuscoDataType_t dt) {
+  size_t tb = 0;
+  fuscoDataTypeSize(dt, &tb);
+  std::vector<char> s(count * tb * nranks);
+  for (int p = 0; p < nranks; ++p) memcpy(&s[p * count * tb], mine, count * tb);
+  return fuscoAllToAll(s.data(), all, count, dt, comm, nullptr);
+}
 
 Bench::~Bench() {
   for (fuscoMoeHandle_t h : handles_)
@@ -91,11 +103,7 @@ void* Bench::alloc(size_t bytes) {
 }
 
 bool Bench::allToAllSame(const void* mine, void* all, size_t count, fuscoDataType_t dt) {
-  size_t tb = 0;
-  fuscoDataTypeSize(dt, &tb);
-  std::vector<char> s(count * tb * l_.nranks);
-  for (int p = 0; p < l_.nranks; ++p) memcpy(&s[p * count * tb], mine, count * tb);
-  return ok(fuscoAllToAll(s.data(), all, count, dt, comm_, nullptr), "fuscoAllToAll");
+  return ok(allGather(comm_, l_.nranks, mine, all, count, dt), "fuscoAllToAll");
 }
 
 bool Bench::barrier() {
@@ -460,6 +468,8 @@ int main(int argc, char** argv) {
             argv[0], o.variants.size());
     return 2;
   }
+  if (o.ll)  // the low-latency calls against the normal path (moe_perf_ll.h); no mpi row
+    return launchRanks(o.launch, [&o](const Launch& l) { return runLowLatency(o, l); });
   if (o.mem == MemMode::Cuda) g_noMpiReason = "host-only contender, skipped with --mem cuda";
 #ifdef FUSCO_HAVE_MPI
   const char* env = launcherInEnvironment();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,15 @@ struct MoeOptions {
                                      // the CUDA path runs the first
   bool fuse = true;
   bool replan = true;  // off: plan once and reuse the handle / permutation (steady state)
-  int arena = 1;       // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
+  bool ll = false;  // --ll on: time the low-latency calls against the normal path (moe_perf_ll.h)
+  int arena = 1;    // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
   MemMode mem = MemMode::Host;
   bool contenders[kNumContenders] = {true, true, true, true};
   bool mpiLaunch = true;  // --mpi-launch auto: re-launch -np N under mpirun for the mpi contender
   bool mpiProbe = false;  // internal: check that mpirun can start this binary with MPI
   const char* jsonPath = nullptr;
   LaunchOptions launch;
+  std::set<std::string> given;  // the options on the command line (--ll on picks other defaults)
 };
 
 // Parses argv into *o. Returns 0 to run, 1 after -h, 2 on a bad command line (message printed).
@@ -75,6 +78,12 @@ std::vector<MoeVariant> moeVariants(const std::vector<int>& dedups,
 std::string variantName(const MoeVariant& v, bool single);
 // Relative size of one rounding to dt.
 double dtypeEps(fuscoDataType_t dt);
+// The median of v (0 when empty).
+double median(std::vector<double> v);
+// Every rank sends the same count elements of dt (mine) to every rank: all[r * count ...] gets
+// rank r's. A host all-to-all on comm.
+fuscoResult_t allGather(fuscoComm_t comm, int nranks, const void* mine, void* all, size_t count,
+                        fuscoDataType_t dt);
 
 struct Result {  // rank 0's summary of one contender (one row of the table)
   bool ran = false;
