@@ -119,8 +119,7 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
     if (p != c.rank() && !c.regionToken(p, l->buf_, l->layout_.total, &token))
       a.fail("fuscoLowLatencyCreate: rank %d's buffer cannot be mapped by rank %d", c.rank(), p);
   std::vector<std::string> all;
-  fuscoResult_t r =
-      c.bootstrap().allGather(a.ok() ? std::to_string(token) : "-" + a.message, &all);
+  fuscoResult_t r = c.bootstrap().allGather(a.ok() ? std::to_string(token) : "-" + a.message, &all);
   if (r == fuscoSuccess && !a.ok()) r = FUSCO_FAIL(a.status, kApi, "%s", a.message.c_str());
   for (int p = 0; p < c.nranks() && r == fuscoSuccess; ++p)
     if (!all[p].empty() && all[p][0] == '-')
