@@ -8,6 +8,7 @@
 
 #include "device/ll_steps.h"
 #include "harness/ll_reference.h"
+#include "harness/moe_reference.h"
 
 namespace {
 
@@ -45,6 +46,34 @@ TEST(LlSteps, TermOrderGroupsByRankThenSlot) {
   for (uint32_t i = 0; i < n; ++i) {
     EXPECT_EQ(order[i], want[i]) << i;
     EXPECT_EQ(last[i], closes[i]) << i;
+  }
+}
+
+// The kernels' per-element sum against the tree written out plainly (fp32 groups per rank,
+// each rounded to bf16, the groups summed in fp32 and rounded), with and without weights.
+TEST(LlSteps, CombineElementFollowsTheTree) {
+  std::vector<std::vector<uint16_t>> rows(5, std::vector<uint16_t>(64));
+  uint32_t seed = 12345;
+  for (auto& r : rows)
+    for (auto& v : r) {
+      seed = seed * 1664525u + 1013904223u;
+      v = static_cast<uint16_t>(0x3c00u + (seed >> 20) % 0x0800u) | ((seed & 1u) << 15);
+    }
+  const uint16_t* ptrs[5] = {rows[0].data(), rows[1].data(), rows[2].data(), rows[3].data(),
+                             rows[4].data()};
+  const float w[5] = {0.3f, -1.7f, 0.11f, 2.5f, 0.9f};
+  const uint8_t last[5] = {0, 1, 0, 0, 1};
+  auto bf = [](uint16_t h) { return fromBits(static_cast<uint32_t>(h) << 16); };
+  auto round = [&](float f) { return bf(fusco::test::refFloatToBf16(f)); };
+  for (const float* wt : {static_cast<const float*>(w), static_cast<const float*>(nullptr)}) {
+    for (uint64_t j = 0; j < 64; ++j) {
+      float g1 = 0.0f, g2 = 0.0f;
+      for (int i = 0; i < 2; ++i) g1 = g1 + (wt ? wt[i] * bf(rows[i][j]) : bf(rows[i][j]));
+      for (int i = 2; i < 5; ++i) g2 = g2 + (wt ? wt[i] * bf(rows[i][j]) : bf(rows[i][j]));
+      const float acc = (0.0f + round(g1)) + round(g2);
+      ASSERT_EQ(fusco::ll::combineElement(ptrs, wt, last, 5, j), fusco::test::refFloatToBf16(acc))
+          << j;
+    }
   }
 }
 
