@@ -367,6 +367,14 @@ fuscoResult_t StreamEvent::synchronize() const {
   return fuscoSuccess;
 }
 
+fuscoResult_t StreamEvent::waitOn(void* stream) const {
+  if (recorded_)
+    FUSCO_CUDACHECK(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
+        kEngine);
+  return fuscoSuccess;
+}
+
 #else  // no CUDA toolkit in this build
 
 namespace {
@@ -408,6 +416,7 @@ fuscoResult_t StreamEvent::query(bool* done) const {
   return fuscoSuccess;
 }
 fuscoResult_t StreamEvent::synchronize() const { return fuscoSuccess; }
+fuscoResult_t StreamEvent::waitOn(void*) const { return notBuilt(); }
 DeviceBuffer::~DeviceBuffer() = default;
 fuscoResult_t DeviceBuffer::reserve(size_t, int64_t) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }

@@ -83,6 +83,8 @@ class StreamEvent {
   // *done: everything before the last record() has run (true when never recorded).
   fuscoResult_t query(bool* done) const;
   fuscoResult_t synchronize() const;
+  // `stream` waits for the last record() (nothing when never recorded).
+  fuscoResult_t waitOn(void* stream) const;
 
  private:
   void* event_ = nullptr;

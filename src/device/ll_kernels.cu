@@ -28,7 +28,7 @@ struct Shared {
   typename Scan::TempStorage scan;
   uint32_t list[kThreads];
   uint32_t cnt[kMaxRanks], off[kMaxRanks];
-  uint32_t total, last;
+  uint32_t total, last, post;
   uint8_t order[kMaxTopk], closes[kMaxTopk];
   const uint16_t* rows[kMaxTopk];
   float w[kMaxTopk];
@@ -47,12 +47,21 @@ __device__ bool waitWord(const Args& a, Phase ph, const uint64_t* w, uint64_t wa
     if ((spins & 255) != 255) continue;
     if (*reinterpret_cast<volatile uint32_t*>(&a.host->release) != 0) return false;
     if (globalNs() - start > a.timeoutNs) {
+      // The phase before the peer (the host reads them in the other order), then every other
+      // wait of this rank gives up at once.
       *reinterpret_cast<volatile uint32_t*>(&a.host->phase) = ph;
+      __threadfence_system();
       *reinterpret_cast<volatile uint32_t*>(&a.host->timedOut) = peer + 1;
+      *reinterpret_cast<volatile uint32_t*>(&a.host->release) = 1;
       return false;
     }
   }
   return true;
+}
+
+// A wait of phase p gave up in this block: the phase tells no peer it is done.
+__device__ void noteFailed(const Args& a, Phase p) {
+  if (threadIdx.x == 0) atomicOr(&stateOf(a)->failed[p][a.half], 1u);
 }
 
 __device__ uint64_t* wordAt(char* half, uint64_t region, uint64_t index) {
@@ -64,7 +73,9 @@ __device__ bool waitAllRanks(const Args& a, Phase ph, uint64_t region, uint64_t 
   int ok = 1;
   for (uint32_t r = threadIdx.x; r < a.d.ranks; r += kThreads)
     ok &= waitWord(a, ph, wordAt(ownHalf(a), region, r), want, r) ? 1 : 0;
-  return __syncthreads_and(ok) != 0;
+  if (__syncthreads_and(ok) != 0) return true;
+  noteFailed(a, ph);
+  return false;
 }
 
 // One warp copies bytes (16 at a time when both ends and the length allow).
@@ -116,18 +127,25 @@ __device__ void sendRow(const Args& a, char* half, uint64_t at, uint32_t i) {
 // Expert e: this rank's slots that chose it, in slot order, into its rank's receive slots.
 __device__ void dispatchSendUnit(const Args& a, Shared& sh, uint32_t e, uint64_t epoch) {
   const uint32_t dst = e / a.d.local, le = e % a.d.local;
+  const uint32_t n = a.numTokens * a.topk, warp = threadIdx.x / 32;
+  if (e == 0)
+    for (uint32_t i = threadIdx.x; i < n; i += kThreads)
+      if (badSlot(a.topkIdx + (i - i % a.topk), i % a.topk, a.numExperts))
+        atomicMin(&stateOf(a)->badCode, (i / a.topk) << 8 | (i % a.topk));
   const int ok = threadIdx.x != 0 ||
                  waitWord(a, kDispatchSend, wordAt(ownHalf(a), a.l.dispFreed, dst), epoch, dst);
-  if (!__syncthreads_and(ok)) return;
+  if (!__syncthreads_and(ok)) {
+    noteFailed(a, kDispatchSend);
+    return;
+  }
   char* half = halfOf(a, a.peers[dst]);
-  const uint32_t n = a.numTokens * a.topk, warp = threadIdx.x / 32;
   uint32_t pos = 0;
   for (uint32_t base = 0; base < n; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
-    const int64_t id = i < n ? a.topkIdx[i] : -1;
-    if (e == 0 && badId(id, a.numExperts))
-      atomicMin(&stateOf(a)->badCode, (i / a.topk) << 8 | (i % a.topk));
-    uint32_t m = id == static_cast<int64_t>(e) ? 1u : 0u, off = 0, total = 0;
+    const int64_t* ids = a.topkIdx + (i - i % a.topk);
+    const bool in = i < n && ids[i % a.topk] == static_cast<int64_t>(e) &&
+                    movesSlot(ids, i % a.topk, a.numExperts);
+    uint32_t m = in ? 1u : 0u, off = 0, total = 0;
     Scan(sh.scan).ExclusiveSum(m, off, total);
     if (m) sh.list[off] = i;
     __syncthreads();
@@ -172,9 +190,12 @@ __device__ void dispatchRecvUnit(const Args& a, Shared& sh, uint32_t le, uint64_
   for (uint32_t r = threadIdx.x; r < a.d.ranks; r += kThreads) {
     const uint64_t* c = wordAt(half, a.l.dispCount, static_cast<uint64_t>(le) * a.d.ranks + r);
     ok &= waitWord(a, kDispatchRecv, c, (epoch + 1) << 32, r) ? 1 : 0;
-    sh.cnt[r] = static_cast<uint32_t>(loadAcquire(c) & 0xffffffffu);
+    sh.cnt[r] = min(static_cast<uint32_t>(loadAcquire(c) & 0xffffffffu), a.d.maxTokens);
   }
-  if (!__syncthreads_and(ok)) return;
+  if (!__syncthreads_and(ok)) {
+    noteFailed(a, kDispatchRecv);
+    return;
+  }
   if (threadIdx.x == 0) {
     uint32_t sum = 0;
     for (uint32_t r = 0; r < a.d.ranks; ++r) {
@@ -232,23 +253,25 @@ __device__ uint32_t unitsOf(const Args& a, uint32_t p) {
   return p == kDispatchSend ? a.numExperts : p == kCombineRecv ? a.numTokens : a.d.local;
 }
 
-// The last block of a phase: what the phase tells every rank, then the next epoch.
-__device__ void lastOfPhase(const Args& a, uint32_t p, uint64_t epoch) {
+// The last block of a phase: this rank's state for the next use of the half first, then what
+// the phase tells every rank (nothing when one of its waits gave up).
+__device__ void lastOfPhase(const Args& a, Shared& sh, uint32_t p, uint64_t epoch) {
   State* st = stateOf(a);
+  if (threadIdx.x == 0) {
+    sh.post = atomicExch(&st->failed[p][a.half], 0u) == 0 ? 1u : 0u;
+    const uint32_t bad = p == kDispatchSend ? atomicExch(&st->badCode, kNoBad) : kNoBad;
+    if (bad != kNoBad) *reinterpret_cast<volatile uint32_t*>(&a.host->bad) = bad + 1;
+    st->done[p][a.half] = 0;
+    st->epoch[p][a.half] = epoch + 1;
+    __threadfence();
+  }
+  __syncthreads();
   const uint64_t region = p == kDispatchRecv  ? a.l.dispFreed
                           : p == kCombineSend ? a.l.combFlag
                                               : a.l.combFreed;
-  if (p != kDispatchSend)
+  if (p != kDispatchSend && sh.post)
     for (uint32_t r = threadIdx.x; r < a.d.ranks; r += kThreads)
       storeRelease(wordAt(halfOf(a, a.peers[r]), region, a.rank), epoch + 1);
-  if (threadIdx.x != 0) return;
-  if (p == kDispatchSend && st->badCode != kNoBad) {
-    *reinterpret_cast<volatile uint32_t*>(&a.host->bad) = st->badCode + 1;
-    st->badCode = kNoBad;
-  }
-  st->done[p][a.half] = 0;
-  __threadfence();
-  st->epoch[p][a.half] = epoch + 1;
 }
 
 __device__ void finishPhase(const Args& a, Shared& sh, uint32_t p, uint64_t epoch) {
@@ -259,7 +282,7 @@ __device__ void finishPhase(const Args& a, Shared& sh, uint32_t p, uint64_t epoc
   __syncthreads();
   if (sh.last) {
     __threadfence();
-    lastOfPhase(a, p, epoch);
+    lastOfPhase(a, sh, p, epoch);
   }
 }
 
@@ -279,23 +302,30 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Blocks that can all be resident at once (a cooperative launch needs them all), for the units.
-fuscoResult_t gridOf(const Args& a, uint32_t phases, unsigned* grid) {
-  int dev = 0, sms = 0, perSm = 0;
-  FUSCO_CUDACHECK(cudaGetDevice(&dev), kEngine);
-  FUSCO_CUDACHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kEngine);
-  FUSCO_CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, llKernel, kThreads, 0),
-                  kEngine);
+// Blocks of the kernel that fit on the device at once (looked up once per process: calls are
+// latency-bound), capped at FUSCO_CUDA_SMS multiprocessors.
+fuscoResult_t residentBlocks(uint64_t* out) {
+  static int sms = 0, perSm = 0;
+  if (sms == 0) {
+    int dev = 0;
+    FUSCO_CUDACHECK(cudaGetDevice(&dev), kEngine);
+    FUSCO_CUDACHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kEngine);
+    FUSCO_CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, llKernel, kThreads, 0),
+                    kEngine);
+  }
   const int64_t cap = paramCudaSms();
-  const uint64_t use = static_cast<uint64_t>(cap > 0 && cap < sms ? cap : sms);
+  *out = static_cast<uint64_t>(cap > 0 && cap < sms ? cap : sms) * std::max(perSm, 1);
+  return fuscoSuccess;
+}
+
+uint64_t unitsFor(const Args& a, uint32_t phases) {
   uint64_t units = 1;
   for (uint32_t p = 0; p < kPhases; ++p)
     if (phases & (1u << p))
       units = std::max<uint64_t>(units, p == kDispatchSend  ? a.numExperts
                                         : p == kCombineRecv ? a.numTokens
                                                             : a.d.local);
-  *grid = static_cast<unsigned>(std::max<uint64_t>(1, std::min(units, use * std::max(perSm, 1))));
-  return fuscoSuccess;
+  return units;
 }
 
 }  // namespace
@@ -304,17 +334,20 @@ fuscoResult_t deviceRun(const Args& a, uint32_t phases, void* stream) {
   if (a.d.ranks > kMaxRanks)
     return FUSCO_FAIL(fuscoInvalidUsage, kEngine, "low-latency kernels support %u ranks, not %u",
                       kMaxRanks, a.d.ranks);
-  unsigned grid = 1;
-  FUSCO_CHECK(gridOf(a, phases, &grid));
+  uint64_t resident = 1;
+  FUSCO_CHECK(residentBlocks(&resident));
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(std::max<uint64_t>(1, std::min(unitsFor(a, phases), resident))));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = static_cast<cudaStream_t>(stream);
+  // A send and a receive phase in one kernel: receiving blocks wait for sending ones, so all must
+  // be resident at once (the launch fails rather than hangs when they cannot be).
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = (phases & (phases - 1)) != 0 ? 1 : 0;
   FUSCO_CUDACHECK(cudaLaunchKernelEx(&cfg, llKernel, a, phases), kEngine);
   return fuscoSuccess;
 }

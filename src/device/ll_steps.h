@@ -59,8 +59,9 @@ struct Layout {
 // This rank's own counters (never written by peers).
 struct State {
   uint64_t epoch[kPhases][2];
-  uint32_t done[kPhases][2];  // blocks of the running phase that finished (the last one resets)
-  uint32_t badCode;           // first invalid id of the last dispatch: (t << 8) | k; kNoBad
+  uint32_t done[kPhases][2];    // blocks of the running phase that finished (the last one resets)
+  uint32_t failed[kPhases][2];  // a wait of the running phase gave up: post nothing
+  uint32_t badCode;             // first invalid slot of the last dispatch: (t << 8) | k; kNoBad
   uint32_t pad;
 };
 
@@ -111,8 +112,18 @@ FUSCO_HD inline uint64_t packedRowBytes(const Args& a) {
 FUSCO_HD inline bool validId(int64_t e, uint32_t numExperts) {
   return e >= 0 && e < static_cast<int64_t>(numExperts);
 }
-FUSCO_HD inline bool badId(int64_t e, uint32_t numExperts) {
-  return e != -1 && !validId(e, numExperts);
+// Whether slot k of a token (ids: its topk ids) moves a row: a valid id not seen at a lower slot
+// (a repeated expert is refused, as fuscoMoeDispatch refuses it, so no source sends an expert
+// more than one row per token and maxTokens slots per (expert, source) always suffice).
+FUSCO_HD inline bool movesSlot(const int64_t* ids, uint32_t k, uint32_t numExperts) {
+  if (!validId(ids[k], numExperts)) return false;
+  for (uint32_t j = 0; j < k; ++j)
+    if (ids[j] == ids[k]) return false;
+  return true;
+}
+// A slot the call reports: neither -1 nor a row it moves.
+FUSCO_HD inline bool badSlot(const int64_t* ids, uint32_t k, uint32_t numExperts) {
+  return ids[k] != -1 && !movesSlot(ids, k, numExperts);
 }
 
 // Release / acquire on words other ranks read and write (system scope: peers are processes).
@@ -191,7 +202,7 @@ FUSCO_HD inline uint32_t termOrder(const int64_t* ids, uint32_t topk, uint32_t n
                                    uint32_t local, uint8_t* order, uint8_t* last) {
   uint32_t n = 0;
   for (uint32_t k = 0; k < topk; ++k) {
-    if (!validId(ids[k], numExperts)) continue;
+    if (!movesSlot(ids, k, numExperts)) continue;
     const uint32_t rk = static_cast<uint32_t>(ids[k]) / local;
     uint32_t at = n++;
     while (at > 0 && static_cast<uint32_t>(ids[order[at - 1]]) / local > rk) {

@@ -84,7 +84,7 @@ fuscoResult_t dispatchSend(const Args& a, const HostWait& w, uint64_t epoch) {
   State* st = stateOf(a);
   const uint64_t n = static_cast<uint64_t>(a.numTokens) * a.topk;
   for (uint64_t i = 0; i < n; ++i)
-    if (badId(a.topkIdx[i], a.numExperts))
+    if (badSlot(a.topkIdx + i / a.topk * a.topk, static_cast<uint32_t>(i % a.topk), a.numExperts))
       st->badCode = std::min<uint32_t>(
           st->badCode, static_cast<uint32_t>(i / a.topk) << 8 | static_cast<uint32_t>(i % a.topk));
   for (uint32_t e = 0; e < a.numExperts; ++e) {
@@ -93,9 +93,10 @@ fuscoResult_t dispatchSend(const Args& a, const HostWait& w, uint64_t epoch) {
     char* half = halfOf(a, a.peers[dst]);
     uint64_t pos = 0;
     for (uint64_t i = 0; i < n; ++i) {
-      if (a.topkIdx[i] != e) continue;
-      const uint64_t at = dispIndex(a.d, le, a.rank, pos++);
       const uint32_t t = static_cast<uint32_t>(i / a.topk), k = static_cast<uint32_t>(i % a.topk);
+      const int64_t* ids = a.topkIdx + i - k;
+      if (ids[k] != e || !movesSlot(ids, k, a.numExperts)) continue;
+      const uint64_t at = dispIndex(a.d, le, a.rank, pos++);
       writeRow(a, half, at, t);
       reinterpret_cast<int32_t*>(half + a.l.dispSlot)[at] =
           static_cast<int32_t>(t * a.d.maxTopk + k);

@@ -32,6 +32,16 @@ std::vector<std::pair<uint64_t, uint64_t>> wordRegions(const ll::Layout& l, cons
   return out;
 }
 
+// What a dispatch says of the first slot it refused (bad: (t << 8 | k) + 1 from the kernels).
+std::string badSlotMessage(const char* fn, uint32_t bad, int numExperts) {
+  char msg[256];
+  std::snprintf(msg, sizeof(msg),
+                "%s: token %u slot %u has an invalid expert id (outside [-1, %d), or an expert the "
+                "token chose at a lower slot); that slot moved nothing",
+                fn, (bad - 1) >> 8, (bad - 1) & 0xffu, numExperts);
+  return msg;
+}
+
 fuscoResult_t hostCheckPeer(void* ctx, int peer) {
   return static_cast<Communicator*>(ctx)->checkPeer(peer);
 }
@@ -125,7 +135,18 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
     if (!all[p].empty() && all[p][0] == '-')
       r = FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
                      all[p].c_str() + 1);
-  if (r == fuscoSuccess) r = l->mapPeers(all);
+  if (r == fuscoSuccess) {
+    // Mapping can fail on one rank alone: the ranks compare outcomes once more.
+    r = l->mapPeers(all);
+    std::vector<std::string> mapped;
+    const fuscoResult_t g =
+        c.bootstrap().allGather(r == fuscoSuccess ? "+" : "-" + threadLastError(), &mapped);
+    if (r == fuscoSuccess) r = g;
+    for (int p = 0; p < c.nranks() && r == fuscoSuccess; ++p)
+      if (mapped[p].empty() || mapped[p][0] != '+')
+        r = FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
+                       mapped[p].empty() ? "" : mapped[p].c_str() + 1);
+  }
   if (r != fuscoSuccess) {
     if (l->buf_ != nullptr) c.memFree(l->buf_);
     return r;
@@ -137,15 +158,19 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
 }
 
 fuscoResult_t LowLatency::destroy() {
+  fuscoResult_t r = fuscoSuccess;
   if (onDevice(c_)) {
+    // The watch stays until the device is idle: it releases kernels still waiting on a peer.
+    r = c_.useDevice();
+    if (r == fuscoSuccess) cudaDeviceSyncQuiet();
     c_.removeWatch(this);
-    FUSCO_CHECK(c_.useDevice());
-    cudaDeviceSyncQuiet();
   }
-  // No peer writes this buffer once every rank is here (a dead peer: nobody writes it either).
+  // No peer writes this buffer once every rank is here (a dead peer fails the barrier at once:
+  // nobody writes it either). A broken rank joins too, so no peer waits for it.
   std::vector<std::string> all;
-  if (c_.brokenResult() == fuscoSuccess) c_.bootstrap().allGather("", &all);
-  return c_.memFree(buf_);
+  c_.bootstrap().allGather("", &all);
+  const fuscoResult_t f = c_.memFree(buf_);
+  return r != fuscoSuccess ? r : f;
 }
 
 ll::Args LowLatency::argsFor(const LlCall& call) const {
@@ -175,8 +200,10 @@ fuscoResult_t LowLatency::run(const ll::Args& a, uint32_t phases, void* stream) 
                   ? fuscoSuccess
                   : FUSCO_FAIL(c_.brokenResult(), kApi, "%s", c_.brokenMessage().c_str()));
   if (onDevice(c_)) {
-    FUSCO_CHECK(c_.useDevice());
-    return ll::deviceRun(a, phases, stream);
+    const fuscoResult_t r = launch(a, phases, stream);
+    // Peers wait for this launch's words: a rank that cannot launch cannot stay in step.
+    if (r != fuscoSuccess) c_.markBroken(r, threadLastError());
+    return r;
   }
   ll::HostWait w;
   w.check = hostCheckPeer;
@@ -188,32 +215,47 @@ fuscoResult_t LowLatency::run(const ll::Args& a, uint32_t phases, void* stream) 
   return r;
 }
 
+// The kernel on `stream` after the last launch on its half (on whatever stream that was).
+fuscoResult_t LowLatency::launch(const ll::Args& a, uint32_t phases, void* stream) {
+  FUSCO_CHECK(c_.useDevice());
+  bool capturing = false;
+  FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
+  // A wait crosses from eager work into a capture (or back) nowhere: each graph orders itself.
+  if (lastCaptured_[a.half] == capturing) FUSCO_CHECK(lastOnHalf_[a.half].waitOn(stream));
+  FUSCO_CHECK(ll::deviceRun(a, phases, stream));
+  FUSCO_CHECK(lastOnHalf_[a.half].record(stream));
+  lastCaptured_[a.half] = capturing;
+  return fuscoSuccess;
+}
+
+fuscoResult_t LowLatency::checkNoHook(int h, uint32_t phases, const char* fn) const {
+  for (const auto& k : hooks_)
+    if (static_cast<int>(k.second.first.half) == h && (k.second.second & phases) != 0)
+      return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                        "%s: buffer %d still waits for fuscoLowLatencyRecvHook(%llu) of an "
+                        "earlier call; complete that receive first",
+                        fn, h, static_cast<unsigned long long>(k.first));
+  return fuscoSuccess;
+}
+
 // Host comms: an invalid id the dispatch skipped is this call's error.
 fuscoResult_t LowLatency::reportHostWords(const char* fn) {
-  const uint32_t bad = hostWords_->bad;
+  const uint32_t bad = __atomic_exchange_n(&hostWords_->bad, 0u, __ATOMIC_ACQ_REL);
   if (bad == 0) return fuscoSuccess;
-  hostWords_->bad = 0;
-  return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                    "%s: token %u slot %u has an expert id outside [-1, %d); that slot moved "
-                    "nothing",
-                    fn, (bad - 1) >> 8, (bad - 1) & 0xffu, cfg_.numExperts);
+  return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s",
+                    badSlotMessage(fn, bad, cfg_.numExperts).c_str());
 }
 
 // CUDA comms: what the kernels left in the host words, as the comm's errors.
 void LowLatency::watch() {
   volatile ll::HostWords* w = hostWords_;
   if (c_.brokenResult() != fuscoSuccess) w->release = 1;
-  if (const uint32_t bad = w->bad) {
-    w->bad = 0;
-    char msg[200];
-    std::snprintf(msg, sizeof(msg),
-                  "fuscoLowLatencyDispatch: token %u slot %u has an expert id outside [-1, %d); "
-                  "that slot moved nothing",
-                  (bad - 1) >> 8, (bad - 1) & 0xffu, cfg_.numExperts);
-    c_.setAsyncError(fuscoInvalidArgument, msg, fuscoInvalidArgument);
+  if (const uint32_t bad = __atomic_exchange_n(&hostWords_->bad, 0u, __ATOMIC_ACQ_REL)) {
+    c_.setAsyncError(fuscoInvalidArgument,
+                     badSlotMessage("fuscoLowLatencyDispatch", bad, cfg_.numExperts),
+                     fuscoInvalidArgument);
   }
-  if (const uint32_t peer = w->timedOut) {
-    w->timedOut = 0;
+  if (const uint32_t peer = __atomic_exchange_n(&hostWords_->timedOut, 0u, __ATOMIC_ACQ_REL)) {
     const uint32_t ph = w->phase < ll::kPhases ? w->phase : 0;
     c_.markBroken(fuscoTimeout, "low-latency " + std::string(kPhaseNames[ph]) +
                                     ": waited more than " + std::to_string(c_.timeoutMs()) +
@@ -226,6 +268,7 @@ fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t
                                    void* stream) {
   LlCall cl = call;
   cl.half = nextHalf();
+  FUSCO_CHECK(checkNoHook(cl.half, ll::bit(ll::kDispatchRecv), "fuscoLowLatencyDispatch"));
   ++dispatches_;
   halfTokens_[cl.half] = cl.numTokens;
   halfTopk_[cl.half] = cl.topk;
@@ -251,6 +294,9 @@ fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t
 }
 
 fuscoResult_t LowLatency::combine(const LlCall& call, unsigned long long* hook, void* stream) {
+  // Combine reads what its dispatch received, and a half holds one combine's rows at a time.
+  FUSCO_CHECK(checkNoHook(call.half, ll::bit(ll::kDispatchRecv) | ll::bit(ll::kCombineRecv),
+                          "fuscoLowLatencyCombine"));
   const ll::Args a = argsFor(call);
   const uint32_t send = ll::bit(ll::kCombineSend), recv = ll::bit(ll::kCombineRecv);
   FUSCO_CHECK(run(a, call.hook ? send : send | recv, stream));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/arg_check.h"
+#include "device/cuda_rt.h"
 #include "device/ll_ops.h"
 #include "engine/communicator.h"
 #include "fusco.h"
@@ -57,6 +58,9 @@ class LowLatency {
   fuscoResult_t mapPeers(const std::vector<std::string>& tokens);
   ll::Args argsFor(const LlCall& call) const;
   fuscoResult_t run(const ll::Args& a, uint32_t phases, void* stream);
+  fuscoResult_t launch(const ll::Args& a, uint32_t phases, void* stream);
+  // fuscoInvalidUsage when half h has a pending hook of a phase in `phases` (its receive first).
+  fuscoResult_t checkNoHook(int h, uint32_t phases, const char* fn) const;
   fuscoResult_t reportHostWords(const char* fn);
   void watch();
 
@@ -74,6 +78,10 @@ class LowLatency {
   int halfTokens_[2] = {-1, -1}, halfTopk_[2] = {-1, -1};
   uint64_t nextHook_ = 0;
   std::map<uint64_t, std::pair<ll::Args, uint32_t>> hooks_;  // hook -> (arguments, phase bits)
+  // CUDA comms: the last launch on each half, which the next one (on any stream) waits for, so
+  // a hook follows its send and the next call on the half follows the hook.
+  StreamEvent lastOnHalf_[2];
+  bool lastCaptured_[2] = {false, false};
 };
 
 }  // namespace fusco

@@ -92,9 +92,19 @@ bool llDispatchChecked(fuscoComm_t comm, fuscoLowLatency_t ll, const RankCtx& ct
                        fuscoLowLatencyDispatch_t* d, LlRecv* got) {
   std::memset(d, kPoison, sizeof *d);
   fuscoResult_t r = llDispatchCall(ll, in, ctx.rank, o.format, o.hook ? FUSCO_LL_RECV_HOOK : 0, d);
-  EXPECT_EQ(r, fuscoSuccess) << what << " dispatch -> " << fuscoGetErrorString(r) << ": "
-                             << fuscoGetLastError(comm);
-  if (r != fuscoSuccess) return false;
+  // A refused slot (repeated or invalid id) fails this rank's call after it completed with its
+  // peers; everything else arrives.
+  int badToken = -1, badSlot = -1;
+  const bool refused = llRefFirstRefused(in, ctx.rank, &badToken, &badSlot);
+  const fuscoResult_t want = refused ? fuscoInvalidArgument : fuscoSuccess;
+  EXPECT_EQ(r, want) << what << " dispatch -> " << fuscoGetErrorString(r) << ": "
+                     << fuscoGetLastError(comm);
+  if (r != want) return false;
+  if (refused) {
+    const std::string msg = fuscoGetLastError(comm);
+    EXPECT_TRUE(llNamesNumber(msg, "token", badToken) && llNamesNumber(msg, "slot", badSlot))
+        << what << ": " << msg;
+  }
   EXPECT_TRUE(llDispatchFields(*d, o.format, o.buffer, o.hook)) << what << " dispatch";
   if (o.hook) {
     r = fuscoLowLatencyRecvHook(ll, d->hook, nullptr);

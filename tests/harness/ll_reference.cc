@@ -20,6 +20,27 @@
 
 namespace fusco::test {
 
+bool llRefMoves(const int64_t* ids, int k, int numExperts) {
+  if (ids[k] < 0 || ids[k] >= numExperts) return false;
+  for (int j = 0; j < k; ++j)
+    if (ids[j] == ids[k]) return false;
+  return true;
+}
+
+bool llRefFirstRefused(const LlInputs& in, int rank, int* token, int* slot) {
+  const LlCase& c = in.c;
+  for (int t = 0; t < c.numTokens[rank]; ++t) {
+    const int64_t* ids = in.topkIdx[rank].data() + static_cast<size_t>(t) * c.topk;
+    for (int k = 0; k < c.topk; ++k)
+      if (ids[k] != -1 && !llRefMoves(ids, k, c.numExperts)) {
+        *token = t;
+        *slot = k;
+        return true;
+      }
+  }
+  return false;
+}
+
 namespace {
 
 uint32_t bitsOf(float v) {
@@ -234,7 +255,8 @@ LlExpect llRefDispatch(const LlInputs& in, int rank, int format) {
       const uint64_t first = w.rows[le].size();
       for (int t = 0; t < c.numTokens[s]; ++t)
         for (int k = 0; k < c.topk; ++k) {
-          if (in.topkIdx[s][static_cast<size_t>(t) * c.topk + k] != g) continue;
+          const int64_t* ids = in.topkIdx[s].data() + static_cast<size_t>(t) * c.topk;
+          if (ids[k] != g || !llRefMoves(ids, k, c.numExperts)) continue;
           w.rows[le].push_back(LlRow{s, t, k});
           const uint8_t* row = in.x[s].data() + static_cast<size_t>(t) * c.hidden * 2;
           if (format == FUSCO_LL_FP8) {
@@ -383,8 +405,12 @@ std::vector<uint8_t> llRefCombine(const LlInputs& in, int rank, int format, bool
   for (int s = 0; s < c.nranks; ++s) {
     p.numTokens.push_back(static_cast<size_t>(c.numTokens[s]));
     p.topkIdx.push_back(in.topkIdx[s]);
-    for (int64_t& e : p.topkIdx.back())
-      if (e >= c.numExperts || e < -1) e = -1;  // an invalid id moves nothing
+    // An invalid id, or an expert the token chose at a lower slot, moves nothing.
+    for (int t = 0; t < c.numTokens[s]; ++t)
+      for (int k = c.topk - 1; k >= 0; --k) {
+        int64_t* ids = p.topkIdx.back().data() + static_cast<size_t>(t) * c.topk;
+        if (!llRefMoves(ids, k, c.numExperts)) ids[k] = -1;
+      }
   }
   const MoeRefDispatch d = moeRefDispatch(p, in.x, c.hidden * 2u);
   const int numLocal = llNumLocal(c), groups = c.hidden / kLlGroup;

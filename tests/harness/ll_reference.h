@@ -122,4 +122,11 @@ std::vector<uint8_t> llRefCombine(const LlInputs& in, int rank, int format, bool
                                         const std::vector<uint8_t>& got, int hidden,
                                         const std::string& what);
 
+// Whether slot k of a token (ids: its topk ids) moves a row: a valid id no lower slot of the token
+// chose (a repeated expert is refused, and reported, like an invalid id).
+bool llRefMoves(const int64_t* ids, int k, int numExperts);
+// The first (token, slot) of rank's routing that the call refuses (an invalid or repeated id);
+// false when there is none.
+bool llRefFirstRefused(const LlInputs& in, int rank, int* token, int* slot);
+
 }  // namespace fusco::test

@@ -115,9 +115,9 @@ TEST(LowLatencyDispatchShapes, EightRanksWithUnevenTokenCounts) {
   });
 }
 
-// A token may name one expert in several slots: one row per slot, in slot order, and combine adds
-// each slot's weighted row.
-TEST(LowLatencyDispatchShapes, ExpertRepeatedInOneTokenGetsOneRowPerSlot) {
+// A token that names one expert in several slots: the first slot moves its row, the later ones are
+// refused (the rank's call fails naming the first such token and slot) and left out of the sum.
+TEST(LowLatencyDispatchShapes, ExpertRepeatedInOneTokenMovesOnlyItsFirstSlot) {
   const uint64_t seed = fusco::test::testSeed();
   LlCase c = llCase(3, 4, 6, 128);
   c.numTokens = {64, 8, 1};
