@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/result.h"
 #include "device/device_ops.h"
+#include "device/kernel_grid.cuh"
 #include "device/reduce_math.h"
 
 namespace fusco {
@@ -324,32 +325,6 @@ fuscoResult_t launchResult(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return fuscoSuccess;
   return FUSCO_CUDA_FAIL(e, kEngine, what);
-}
-
-// Blocks for a persistent grid: enough for the work, at most `perSm` per allowed multiprocessor.
-unsigned gridFor(uint64_t units, int perSm) {
-  static int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
-  int64_t cap = paramCudaSms();
-  int64_t use = cap > 0 && cap < sms ? cap : sms;
-  uint64_t blocks = std::min<uint64_t>(units, static_cast<uint64_t>(use) * perSm);
-  return static_cast<unsigned>(std::max<uint64_t>(blocks, 1));
-}
-
-// Blocks of `threads` threads of `kernel` resident on one multiprocessor at once (its registers
-// and shared memory decide): a persistent grid of more would run in a second, partial wave.
-template <typename Kernel>
-int residentPerSm(Kernel kernel, int threads) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess) {
-    cudaGetLastError();  // not sticky; the launch itself reports a real failure
-    n = 1;
-  }
-  return n > 0 ? n : 1;
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

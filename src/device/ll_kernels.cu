@@ -12,7 +12,7 @@
 
 #include "core/cuda_check.h"
 #include "core/result.h"
-#include "device/device_ops.h"
+#include "device/kernel_grid.cuh"
 #include "device/ll_ops.h"
 
 namespace fusco {
@@ -302,22 +302,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Blocks of the kernel that fit on the device at once (looked up once per process: calls are
-// latency-bound), capped at FUSCO_CUDA_SMS multiprocessors.
-fuscoResult_t residentBlocks(uint64_t* out) {
-  static int sms = 0, perSm = 0;
-  if (sms == 0) {
-    int dev = 0;
-    FUSCO_CUDACHECK(cudaGetDevice(&dev), kEngine);
-    FUSCO_CUDACHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), kEngine);
-    FUSCO_CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, llKernel, kThreads, 0),
-                    kEngine);
-  }
-  const int64_t cap = paramCudaSms();
-  *out = static_cast<uint64_t>(cap > 0 && cap < sms ? cap : sms) * std::max(perSm, 1);
-  return fuscoSuccess;
-}
-
 uint64_t unitsFor(const Args& a, uint32_t phases) {
   uint64_t units = 1;
   for (uint32_t p = 0; p < kPhases; ++p)
@@ -334,11 +318,9 @@ fuscoResult_t deviceRun(const Args& a, uint32_t phases, void* stream) {
   if (a.d.ranks > kMaxRanks)
     return FUSCO_FAIL(fuscoInvalidUsage, kEngine, "low-latency kernels support %u ranks, not %u",
                       kMaxRanks, a.d.ranks);
-  uint64_t resident = 1;
-  FUSCO_CHECK(residentBlocks(&resident));
+  static const int perSm = residentPerSm(llKernel, kThreads);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim =
-      dim3(static_cast<unsigned>(std::max<uint64_t>(1, std::min(unitsFor(a, phases), resident))));
+  cfg.gridDim = dim3(gridFor(unitsFor(a, phases), perSm));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = static_cast<cudaStream_t>(stream);
   // A send and a receive phase in one kernel: receiving blocks wait for sending ones, so all must

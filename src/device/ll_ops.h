@@ -11,6 +11,13 @@
 namespace fusco {
 namespace ll {
 
+// The name of a phase, for messages.
+inline const char* phaseName(uint32_t p) {
+  static constexpr const char* kNames[kPhases] = {"dispatch send", "dispatch receive",
+                                                  "combine send", "combine receive"};
+  return p < kPhases ? kNames[p] : "phase";
+}
+
 // The layout of one rank's buffer for dims d (offsets 256-byte aligned).
 Layout layoutFor(const Dims& d);
 

@@ -3,11 +3,11 @@
 // communicators run their low-latency calls with it, which is how the protocol and the exact bytes
 // are checked on machines without a GPU.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "device/ll_ops.h"
@@ -16,40 +16,31 @@ namespace fusco {
 namespace ll {
 namespace {
 
-constexpr const char* kPhaseNames[kPhases] = {"dispatch send", "dispatch receive", "combine send",
-                                              "combine receive"};
-
 uint64_t up(uint64_t v) { return (v + 255) & ~uint64_t{255}; }
-
-int64_t nowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Waits until *word >= want (peer advances it); bounded by the timeout, the peer's liveness and
 // the host's release word.
 fuscoResult_t waitFor(const Args& a, const HostWait& w, Phase ph, const uint64_t* word,
                       uint64_t want, uint32_t peer) {
-  const int64_t start = nowMs();
-  int64_t lastLive = start;
+  const Deadline deadline(w.timeoutMs);
+  int64_t lastLive = nowNs();
   for (uint64_t spins = 0; loadAcquire(word) < want; ++spins) {
     if (__atomic_load_n(&a.host->release, __ATOMIC_ACQUIRE) != 0)
       return FUSCO_FAIL(fuscoRemoteError, kEngine,
                         "low-latency %s: the communicator broke while waiting for rank %u",
-                        kPhaseNames[ph], peer);
+                        phaseName(ph), peer);
     if (spins < 256) continue;
     std::this_thread::yield();
-    const int64_t now = nowMs();
-    if (now - lastLive >= w.livenessMs) {
+    const int64_t now = nowNs();
+    if (now - lastLive >= w.livenessMs * 1000000LL) {
       FUSCO_CHECK(w.check(w.ctx, static_cast<int>(peer)));
       lastLive = now;
     }
-    if (now - start >= w.timeoutMs) {
+    if (deadline.expired()) {
       a.host->timedOut = peer + 1;
       a.host->phase = ph;
       return FUSCO_FAIL(fuscoTimeout, kEngine,
-                        "low-latency %s: waited more than %lld ms for rank %u", kPhaseNames[ph],
+                        "low-latency %s: waited more than %lld ms for rank %u", phaseName(ph),
                         static_cast<long long>(w.timeoutMs), peer);
     }
   }

@@ -264,7 +264,7 @@ fuscoResult_t Communicator::connectTransports() {
   }
   // Second agreement: nobody starts an operation unless everybody connected.
   int failed = -1;
-  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, failure, &failed, &why));
+  FUSCO_CHECK(agreeOnOutcome(failure, &failed, &why));
   if (failed >= 0)
     return FUSCO_FAIL(failed == rank_ ? fuscoSystemError : fuscoRemoteError, kInit,
                       "rank %d could not connect: %s", failed, why.c_str());
@@ -364,6 +364,11 @@ void Communicator::noteCapture() {
   progress_->setIdleCheck([this] { idleCheck(); });
 }
 
+fuscoResult_t Communicator::agreeOnOutcome(const std::string& failure, int* failed,
+                                           std::string* why) {
+  return fusco::agreeOnOutcome(*bootstrap_, failure, failed, why);
+}
+
 void Communicator::addWatch(const void* key, std::function<void()> check) {
   {
     std::lock_guard<std::mutex> g(watchMu_);
@@ -433,7 +438,7 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
   const std::string failure = status == fuscoSuccess ? "" : error.empty() ? "unknown" : error;
   int failed = -1;
   std::string why;
-  FUSCO_CHECK(agreeOnOutcome(*bootstrap_, failure, &failed, &why));
+  FUSCO_CHECK(agreeOnOutcome(failure, &failed, &why));
   if (status != fuscoSuccess) return FUSCO_FAIL(status, kInit, "%s", error.c_str());
   if (failed >= 0)
     return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed,

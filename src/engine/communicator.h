@@ -89,6 +89,9 @@ class Communicator {
     return pc.ops != nullptr ? pc.ops->checkPeer(pc.tc, peer) : fuscoSuccess;
   }
   Bootstrap& bootstrap() { return *bootstrap_; }
+  // Every rank learns the first rank whose `failure` is not empty (*failed, -1: none) and why.
+  // Collective over the bootstrap.
+  fuscoResult_t agreeOnOutcome(const std::string& failure, int* failed, std::string* why);
   // The same on every rank of this communicator and different for every other one (it comes from
   // the unique id's secret): an order of communicators that every rank agrees on.
   uint64_t commTag() const { return ctx_.commTag; }

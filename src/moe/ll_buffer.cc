@@ -13,11 +13,6 @@ namespace fusco {
 namespace {
 
 constexpr uint64_t kHookTag = 0x11ull << 56;
-constexpr const char* kPhaseNames[ll::kPhases] = {"dispatch send", "dispatch receive",
-                                                  "combine send", "combine receive"};
-
-bool onDevice(const Communicator& c) { return c.memType() == fuscoMemCuda; }
-
 // The regions every rank's kernels read words from, in both halves.
 std::vector<std::pair<uint64_t, uint64_t>> wordRegions(const ll::Layout& l, const ll::Dims& d) {
   std::vector<std::pair<uint64_t, uint64_t>> out;
@@ -70,7 +65,7 @@ fuscoResult_t LowLatency::allocate() {
   buf_ = static_cast<char*>(p);
   ll::State st{};
   st.badCode = ll::kNoBad;
-  if (onDevice(c_)) {
+  if (device_) {
     void *h = nullptr, *d = nullptr;
     FUSCO_CHECK(cudaAllocMapped(sizeof(ll::HostWords), &h, &d));
     hostWords_ = static_cast<ll::HostWords*>(h);
@@ -104,7 +99,7 @@ fuscoResult_t LowLatency::mapPeers(const std::vector<std::string>& tokens) {
                         c_.rank(), p);
     peers_[p] = reinterpret_cast<uint64_t>(m);
   }
-  if (!onDevice(c_)) return fuscoSuccess;
+  if (!device_) return fuscoSuccess;
   void* d = nullptr;
   FUSCO_CHECK(cudaAllocDevice(peers_.size() * 8, &d));
   peersDev_ = static_cast<uint64_t*>(d);
@@ -138,28 +133,28 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
   if (r == fuscoSuccess) {
     // Mapping can fail on one rank alone: the ranks compare outcomes once more.
     r = l->mapPeers(all);
-    std::vector<std::string> mapped;
+    int failed = -1;
+    std::string why;
     const fuscoResult_t g =
-        c.bootstrap().allGather(r == fuscoSuccess ? "+" : "-" + threadLastError(), &mapped);
+        c.agreeOnOutcome(r == fuscoSuccess ? "" : threadLastError(), &failed, &why);
     if (r == fuscoSuccess) r = g;
-    for (int p = 0; p < c.nranks() && r == fuscoSuccess; ++p)
-      if (mapped[p].empty() || mapped[p][0] != '+')
-        r = FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
-                       mapped[p].empty() ? "" : mapped[p].c_str() + 1);
+    if (r == fuscoSuccess && failed >= 0)
+      r = FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", failed,
+                     why.c_str());
   }
   if (r != fuscoSuccess) {
     if (l->buf_ != nullptr) c.memFree(l->buf_);
     return r;
   }
   LowLatency* self = l.get();
-  if (onDevice(c)) c.addWatch(self, [self] { self->watch(); });
+  if (self->device_) c.addWatch(self, [self] { self->watch(); });
   *out = std::move(l);
   return fuscoSuccess;
 }
 
 fuscoResult_t LowLatency::destroy() {
   fuscoResult_t r = fuscoSuccess;
-  if (onDevice(c_)) {
+  if (device_) {
     // The watch stays until the device is idle: it releases kernels still waiting on a peer.
     r = c_.useDevice();
     if (r == fuscoSuccess) cudaDeviceSyncQuiet();
@@ -184,7 +179,7 @@ ll::Args LowLatency::argsFor(const LlCall& call) const {
   a.numExperts = static_cast<uint32_t>(cfg_.numExperts);
   a.fp8 = call.format == FUSCO_LL_FP8 ? 1 : 0;
   a.self = buf_;
-  a.peers = onDevice(c_) ? peersDev_ : peers_.data();
+  a.peers = device_ ? peersDev_ : peers_.data();
   a.x = static_cast<const uint16_t*>(call.x);
   a.topkIdx = call.topkIdx;
   a.weights = call.weights;
@@ -199,7 +194,7 @@ fuscoResult_t LowLatency::run(const ll::Args& a, uint32_t phases, void* stream) 
   FUSCO_CHECK(c_.brokenResult() == fuscoSuccess
                   ? fuscoSuccess
                   : FUSCO_FAIL(c_.brokenResult(), kApi, "%s", c_.brokenMessage().c_str()));
-  if (onDevice(c_)) {
+  if (device_) {
     const fuscoResult_t r = launch(a, phases, stream);
     // Peers wait for this launch's words: a rank that cannot launch cannot stay in step.
     if (r != fuscoSuccess) c_.markBroken(r, threadLastError());
@@ -256,8 +251,8 @@ void LowLatency::watch() {
                      fuscoInvalidArgument);
   }
   if (const uint32_t peer = __atomic_exchange_n(&hostWords_->timedOut, 0u, __ATOMIC_ACQ_REL)) {
-    const uint32_t ph = w->phase < ll::kPhases ? w->phase : 0;
-    c_.markBroken(fuscoTimeout, "low-latency " + std::string(kPhaseNames[ph]) +
+    const uint32_t ph = w->phase;
+    c_.markBroken(fuscoTimeout, "low-latency " + std::string(ll::phaseName(ph)) +
                                     ": waited more than " + std::to_string(c_.timeoutMs()) +
                                     " ms for rank " + std::to_string(peer - 1));
     w->release = 1;
@@ -290,7 +285,7 @@ fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t
   o.recvLayout = reinterpret_cast<int64_t*>(half + layout_.recvLayout);
   o.recvSrcToken = reinterpret_cast<int*>(half + layout_.packToken);
   *out = o;
-  return onDevice(c_) ? fuscoSuccess : reportHostWords("fuscoLowLatencyDispatch");
+  return device_ ? fuscoSuccess : reportHostWords("fuscoLowLatencyDispatch");
 }
 
 fuscoResult_t LowLatency::combine(const LlCall& call, unsigned long long* hook, void* stream) {
