@@ -80,6 +80,8 @@ std::string variantName(const MoeVariant& v, bool single);
 double dtypeEps(fuscoDataType_t dt);
 // The median of v (0 when empty).
 double median(std::vector<double> v);
+// The header line of rows sent and received per rank (rows: [2 * nranks], sent then received).
+void printRowRange(const std::vector<int64_t>& rows, int nranks);
 // Every rank sends the same count elements of dt (mine) to every rank: all[r * count ...] gets
 // rank r's. A host all-to-all on comm.
 fuscoResult_t allGather(fuscoComm_t comm, int nranks, const void* mine, void* all, size_t count,

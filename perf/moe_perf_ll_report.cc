@@ -34,11 +34,6 @@ std::string us(double v, bool have) {
 void LlBench::printHeader(const std::vector<int64_t>& rows) const {
   int version = 0;
   fuscoGetVersion(&version);
-  int64_t smin = INT64_MAX, smax = 0, rmin = INT64_MAX, rmax = 0;
-  for (int r = 0; r < l_.nranks; ++r) {
-    smin = std::min(smin, rows[2 * r]), smax = std::max(smax, rows[2 * r]);
-    rmin = std::min(rmin, rows[2 * r + 1]), rmax = std::max(rmax, rows[2 * r + 1]);
-  }
   printf("# fusco %d.%d.%d moe_perf --ll on: %d ranks (%s, %s)\n", version / 10000,
          (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str());
   const CudaRank* c = space_->cuda();
@@ -69,9 +64,7 @@ void LlBench::printHeader(const std::vector<int64_t>& rows) const {
       kDedupNames[o_.variants.front().dedup], kBalanceNames[o_.variants.front().balance],
       o_.replan ? "fuscoMoeReplan of that handle, same routing, timed as its own phase"
                 : "not timed (--replan off)");
-  printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
-         "..%" PRId64 "\n",
-         smin, smax, rmin, rmax);
+  printRowRange(rows, l_.nranks);
   printf(
       "# ll-hook = each call with FUSCO_LL_RECV_HOOK, then fuscoLowLatencyRecvHook at once (both "
       "in its time)\n"

@@ -18,14 +18,20 @@ double Bench::zipfS() const {
   return o_.routing.zipfS >= 0 ? o_.routing.zipfS : defaultZipfS(o_.routing.pattern);
 }
 
-void Bench::printHeader(const std::vector<int64_t>& rows) const {
-  int version = 0;
-  fuscoGetVersion(&version);
+void printRowRange(const std::vector<int64_t>& rows, int nranks) {
   int64_t smin = INT64_MAX, smax = 0, rmin = INT64_MAX, rmax = 0;
-  for (int r = 0; r < l_.nranks; ++r) {
+  for (int r = 0; r < nranks; ++r) {
     smin = std::min(smin, rows[2 * r]), smax = std::max(smax, rows[2 * r]);
     rmin = std::min(rmin, rows[2 * r + 1]), rmax = std::max(rmax, rows[2 * r + 1]);
   }
+  printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
+         "..%" PRId64 "\n",
+         smin, smax, rmin, rmax);
+}
+
+void Bench::printHeader(const std::vector<int64_t>& rows) const {
+  int version = 0;
+  fuscoGetVersion(&version);
   printf("# fusco %d.%d.%d moe_perf: %d ranks (%s, %s), %d node(s)\n", version / 10000,
          (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
          numNodes_);
@@ -60,9 +66,7 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
       if (r.kind == kFusco) printf(" %s", r.name.c_str());
     printf("\n");
   }
-  printf("# rows per rank (token, expert) sent %" PRId64 "..%" PRId64 ", received %" PRId64
-         "..%" PRId64 "\n",
-         smin, smax, rmin, rmax);
+  printRowRange(rows, l_.nranks);
   if (o_.contenders[kMpi] && !active_[kMpi])
     printf("# mpi contender not run: %s\n", g_noMpiReason.c_str());
   printf(
