@@ -156,6 +156,23 @@ std::vector<uint8_t> llRoundChecked(fuscoComm_t comm, fuscoLowLatency_t ll, cons
   return llCombineChecked(comm, ll, ctx, in, o, d, got, what);
 }
 
+void llFormatRounds(const RankCtx& ctx, const std::function<LlInputs(int format)>& in,
+                    const std::string& label) {
+  fuscoConfig_t cfg = llCommConfig(ctx);
+  fuscoComm_t comm = initComm(ctx, &cfg);
+  fuscoLowLatency_t ll = llCreate(comm, in(FUSCO_LL_BF16).c);
+  ASSERT_NE(ll, nullptr);
+  LlRound o;
+  for (int format : {FUSCO_LL_BF16, FUSCO_LL_FP8}) {
+    o.format = format;
+    const LlInputs inputs = in(format);
+    llRoundChecked(comm, ll, ctx, inputs, o, llCaseName(inputs.c, format) + " " + label);
+    o.buffer ^= 1;
+  }
+  FUSCO_EXPECT_OK(comm, fuscoLowLatencyDestroy(ll));
+  FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+}
+
 bool llNamesNumber(const std::string& msg, const std::string& what, int n) {
   const std::regex re(what + "\\s*[#=:]?\\s*" + std::to_string(n) + "(?![0-9])", std::regex::icase);
   return std::regex_search(msg, re);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,11 @@ std::vector<uint8_t> llCombineChecked(fuscoComm_t comm, fuscoLowLatency_t ll, co
 // One checked dispatch and its checked combine. Returns the combine's out.
 std::vector<uint8_t> llRoundChecked(fuscoComm_t comm, fuscoLowLatency_t ll, const RankCtx& ctx,
                                     const LlInputs& in, const LlRound& o, const std::string& what);
+
+// On a fresh comm and buffer for in(format).c: one checked round (llRoundChecked) per format,
+// bf16 then FP8, alternating buffers; label names the case in failures.
+void llFormatRounds(const RankCtx& ctx, const std::function<LlInputs(int format)>& in,
+                    const std::string& label);
 
 // True when msg names `what` number n ("token 5", "slot=1", "token #5"; 5 not matched in 15).
 bool llNamesNumber(const std::string& msg, const std::string& what, int n);

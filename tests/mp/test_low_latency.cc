@@ -132,42 +132,20 @@ TEST(LowLatencyDispatchShapes, ExpertRepeatedInOneTokenMovesOnlyItsFirstSlot) {
   }
   ASSERT_GT(repeats, 10) << "the routing should repeat experts within tokens";
   runRanks(3, [&in](const RankCtx& ctx) {
-    fuscoConfig_t cfg = fusco::test::llCommConfig(ctx);
-    fuscoComm_t comm = initComm(ctx, &cfg);
-    fuscoLowLatency_t ll = fusco::test::llCreate(comm, in.c);
-    ASSERT_NE(ll, nullptr);
-    LlRound o;
-    for (int format : {FUSCO_LL_BF16, FUSCO_LL_FP8}) {
-      o.format = format;
-      fusco::test::llRoundChecked(comm, ll, ctx, in, o,
-                                  fusco::test::llCaseName(in.c, format) + " repeated experts");
-      o.buffer ^= 1;
-    }
-    FUSCO_EXPECT_OK(comm, fuscoLowLatencyDestroy(ll));
-    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+    fusco::test::llFormatRounds(
+        ctx, [&in](int) { return in; }, "repeated experts");
   });
 }
 
 // Every third expert receives nothing: its count is 0 and every source's layout entry is empty.
 TEST(LowLatencyDispatchShapes, IdleExpertsReceiveNothing) {
   const uint64_t seed = fusco::test::testSeed();
-  runRanks(4, [seed](const RankCtx& ctx) {
-    fuscoConfig_t cfg = fusco::test::llCommConfig(ctx);
-    fuscoComm_t comm = initComm(ctx, &cfg);
-    LlCase c = llCase(4, 3, 2, 128);
-    c.idleEvery = 3;
-    c.numTokens = {64, 128, 8, 1};
-    fuscoLowLatency_t ll = fusco::test::llCreate(comm, c);
-    ASSERT_NE(ll, nullptr);
-    LlRound o;
-    for (int format : {FUSCO_LL_BF16, FUSCO_LL_FP8}) {
-      o.format = format;
-      fusco::test::llRoundChecked(comm, ll, ctx, makeLlInputs(c, seed + format), o,
-                                  fusco::test::llCaseName(c, format) + " idle experts");
-      o.buffer ^= 1;
-    }
-    FUSCO_EXPECT_OK(comm, fuscoLowLatencyDestroy(ll));
-    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  LlCase c = llCase(4, 3, 2, 128);
+  c.idleEvery = 3;
+  c.numTokens = {64, 128, 8, 1};
+  runRanks(4, [seed, &c](const RankCtx& ctx) {
+    fusco::test::llFormatRounds(
+        ctx, [&](int format) { return makeLlInputs(c, seed + format); }, "idle experts");
   });
 }
 
