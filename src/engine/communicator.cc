@@ -358,9 +358,11 @@ fuscoResult_t Communicator::graphBuffer(size_t bytes, char** ptr) {
   return fuscoSuccess;
 }
 
-void Communicator::noteCapture() {
-  if (captured_ || !progress_) return;
-  captured_ = true;
+void Communicator::noteCapture() { startIdleCheck(); }
+
+// Once per comm: the idle progress thread checks the peers and the watches every liveness period.
+void Communicator::startIdleCheck() {
+  if (!progress_ || idleChecking_.exchange(true)) return;
   progress_->setIdleCheck([this] { idleCheck(); });
 }
 
@@ -374,7 +376,7 @@ void Communicator::addWatch(const void* key, std::function<void()> check) {
     std::lock_guard<std::mutex> g(watchMu_);
     watches_[key] = std::move(check);
   }
-  if (progress_) progress_->setIdleCheck([this] { idleCheck(); });
+  startIdleCheck();
 }
 
 void Communicator::removeWatch(const void* key) {

@@ -234,7 +234,8 @@ class Communicator {
   std::map<int, std::pair<void*, size_t>> scratch_;
   std::vector<void*> retiredScratch_;  // outgrown scratch of a CUDA comm, freed with the comm
   std::vector<void*> graphBuffers_;    // captured operations' buffers, freed with the comm
-  bool captured_ = false;
+  std::atomic<bool> idleChecking_{false};
+  void startIdleCheck();
   void checkGraphPeers();
   void idleCheck();
   void runWatches();
