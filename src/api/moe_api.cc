@@ -27,14 +27,13 @@ ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size
   checkStream(comm, stream, "fuscoMoeDispatch", &a);
   if (rowBytes == 0) a.fail("fuscoMoeDispatch: rowBytes is 0");
   size_t bytes = 0;
-  const size_t recvRows = recvRowsBound(h);
+  const size_t recvRows = h.recvRowsBound();
   if (!checkedMul(recvRows, rowBytes, &bytes) || !checkedMul(h.numTokens, rowBytes, &bytes))
     a.fail(
         "fuscoMoeDispatch: rowBytes %zu x %zu received rows (or %zu tokens) overflows a byte "
         "size",
         rowBytes, recvRows, h.numTokens);
-  // A capacity plan's sizes are the progress thread's: its tokens bound what it sends.
-  const size_t sendRows = h.capacity != 0 ? h.numTokens : h.rowsToSend();
+  const size_t sendRows = h.sendRowsBound();
   if (x == nullptr && sendRows > 0)
     a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", sendRows);
   if (recvX == nullptr && recvRows > 0)
@@ -53,7 +52,7 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
   if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
   size_t row = 0, bytes = 0;
   const size_t es = dataTypeSize(static_cast<fuscoDataType_t>(a.ok() ? dt : fuscoFloat32));
-  const size_t recvRows = recvRowsBound(h);
+  const size_t recvRows = h.recvRowsBound();
   if (!checkedMul(hidden, es, &row) || !checkedMul(recvRows, row, &bytes) ||
       !checkedMul(h.numTokens, row, &bytes))
     a.fail(
@@ -115,8 +114,12 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
     checkDevicePtr(comm, topkIdx, fn, "topkIdx", &a);
     const fuscoResult_t r = planMoe(config, topkIdx, stream, a, &h->impl);
     if (r != fuscoSuccess) {
-      moeQuiesce(h->impl);  // operations it enqueued may still refer to it
-      return r;
+      // Operations it enqueued may still refer to it: when they cannot be waited for, the
+      // handle is left allocated rather than freed under them.
+      const std::string why = threadLastError();
+      if (moeQuiesce(h->impl) == fuscoSuccess) return r;
+      h.release();
+      return FUSCO_FAIL(r, kApi, "%s", why.c_str());  // the plan's failure, not the wait's
     }
     registerLive(LiveKind::MoeHandle, h.get());
     *handle = h.release();
@@ -201,13 +204,16 @@ fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
 
 fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows,
                                     int64_t* tokensPerLocalExpert) {
-  return guarded(nullptr, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
+  // Pinned: waiting for a capacity plan uses the comm's progress thread (fuscoCommAbort from
+  // another thread must not free the comm meanwhile).
+  const fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  return guarded(comm, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
     if (!handle->impl.planned) return refuseUnplanned("fuscoMoeGetRecvCounts");
     if (handle->impl.capacity != 0) {
-      if (liveCommOf(LiveKind::MoeHandle, handle) == nullptr)
+      if (comm == nullptr)
         return FUSCO_FAIL(fuscoInvalidUsage, kApi,
                           "fuscoMoeGetRecvCounts: the handle's communicator was destroyed");
       FUSCO_CHECK(moeWaitPlan(handle->impl));
@@ -240,17 +246,19 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
 }
 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
-  return guarded(nullptr, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
+  // Pinned: quiescing the handle uses the comm's progress thread.
+  const fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  return guarded(comm, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
-    const fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
     // Only the call that takes it out of the registry frees it: a second destroy fails above.
     if (!unregisterLive(LiveKind::MoeHandle, handle))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeHandleDestroy: %p is not a live MoE handle (destroyed or never "
                         "created)",
                         static_cast<void*>(handle));
-    // Operations still queued on the comm's progress thread may refer to the handle.
-    if (comm != nullptr) moeQuiesce(handle->impl);
+    // Operations still queued on the comm's progress thread may refer to the handle: when they
+    // cannot be waited for, the handle is left allocated rather than freed under them.
+    if (comm != nullptr) FUSCO_CHECK(moeQuiesce(handle->impl));
     delete handle;
     return fuscoSuccess;
   });

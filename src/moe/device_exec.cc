@@ -29,7 +29,7 @@ void dispatchStreams(const MoeHandle& h, int p, const void* x, size_t rowBytes, 
   RowStream r = RowStream::fanOut(recvX, rowBytes, h.dev.recvFanStart[p], h.dev.recvFanRows[p],
                                   h.sizes.rowsFrom[p]);
   r.layoutShared = true;
-  r.extent = recvRowsBound(h) * rowBytes;
+  r.extent = h.recvRowsBound() * rowBytes;
   w->recvs.push_back(r);
 }
 
@@ -67,10 +67,6 @@ fuscoResult_t markListsUsed(MoeHandle& h, void* stream) {
 }
 
 }  // namespace
-
-size_t recvRowsBound(const MoeHandle& h) {
-  return h.capacity != 0 ? h.capacity : h.recv.numRecvRows;
-}
 
 fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
                              void* stream, std::vector<PeerWork>* work) {
@@ -120,7 +116,7 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
   // Peers read this rank's expert output in place when every one of them can map it (fuscoMemAlloc
   // or registered), else a copy of it in the comm's scratch.
-  const size_t extent = recvRowsBound(h) * rowOut;
+  const size_t extent = h.recvRowsBound() * rowOut;
   const char* offered = static_cast<const char*>(expertOut);
   bool mappable = true;
   uint64_t token = 0;

@@ -25,13 +25,11 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
 fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void* stream,
                         ArgCheck a, MoeHandle* h);
 
-// Receive rows recvX and expertOut must hold: the capacity of a capacity plan, else the plan's.
-size_t recvRowsBound(const MoeHandle& h);
 // A capacity plan (fuscoMoePlanCapacity) resolves on the comm's progress thread: waits until it
 // did; fuscoInvalidUsage when it failed (on every rank). Any other plan: fuscoSuccess at once.
 fuscoResult_t moeWaitPlan(MoeHandle& h);
 // Waits until nothing the comm's progress thread still has queued refers to h (handle destroy).
-void moeQuiesce(MoeHandle& h);
+fuscoResult_t moeQuiesce(MoeHandle& h);
 // The plan's receive count and tokens per local expert where its stream wrote them (device
 // memory on a CUDA comm); fuscoInvalidUsage for a plan made on the host.
 fuscoResult_t moeRecvCountsDevice(const MoeHandle& h, const int64_t** numRecvRows,

@@ -149,6 +149,11 @@ struct MoeHandle {
     for (size_t r : sizes.rowsTo) n += r;
     return n;
   }
+  // Rows recvX and expertOut must hold: a capacity plan's capacity, else the plan's receive rows.
+  size_t recvRowsBound() const { return capacity != 0 ? capacity : recv.numRecvRows; }
+  // Rows dispatch may read from x: a capacity plan's sizes are the progress thread's, so its
+  // tokens bound them; else the rows the plan sends.
+  size_t sendRowsBound() const { return capacity != 0 ? numTokens : rowsToSend(); }
 };
 
 }  // namespace fusco

@@ -196,7 +196,7 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
 fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void* stream,
                         ArgCheck a, MoeHandle* h) {
   // Nothing queued may still read (or note stats into) the plan this call rewrites.
-  if (h->capacity != 0) moeQuiesce(*h);
+  if (h->capacity != 0) FUSCO_CHECK(moeQuiesce(*h));
   h->planned = false;
   h->names = &kReplanNames;
   h->numTokens = numTokens;

@@ -158,19 +158,18 @@ void finishLists(MoeHandle& h) {
   }
 }
 
+fuscoResult_t moeQuiesce(MoeHandle& h) {
+  Progress* progress = h.comm->progress();
+  return progress != nullptr ? progress->runSync([] { return fuscoSuccess; }) : fuscoSuccess;
+}
+
 fuscoResult_t moeWaitPlan(MoeHandle& h) {
   if (h.capacity == 0) return fuscoSuccess;
-  Progress* progress = h.comm->progress();
-  if (progress != nullptr) FUSCO_CHECK(progress->runSync([] { return fuscoSuccess; }));
+  FUSCO_CHECK(moeQuiesce(h));
   if (h.planState == MoeHandle::kPlanReady) return fuscoSuccess;
   return FUSCO_FAIL(fuscoInvalidUsage, kApi,
                     "the handle's fuscoMoePlanCapacity failed on every rank "
                     "(fuscoCommGetAsyncError says why); replan it");
-}
-
-void moeQuiesce(MoeHandle& h) {
-  Progress* progress = h.comm->progress();
-  if (progress != nullptr) progress->runSync([] { return fuscoSuccess; });
 }
 
 fuscoResult_t moeRecvCountsDevice(const MoeHandle& h, const int64_t** numRecvRows,
