@@ -259,10 +259,15 @@ void snapshotCall(Communicator& comm, Op& op) {
 
 // Runs op here and now (a host comm, or a CUDA comm's host-memory exchanges on its progress
 // thread).
+// An operation run now: its late sizes first (engine.h, Op::late), its outcome to `after`.
 fuscoResult_t runOpNow(Communicator& comm, Op& op, bool* validation) {
-  fuscoResult_t r = runGuarded(comm, op, validation, [](OpRunner& runner) { return runner.run(); });
+  fuscoResult_t r = runGuarded(comm, op, validation, [&op](OpRunner& runner) {
+    if (op.late) FUSCO_CHECK(op.late(op));
+    return runner.run();
+  });
   // Anything but an agreed validation failure may leave half an operation in the channels.
   if (r != fuscoSuccess && !*validation) comm.markBroken(r, threadLastError());
+  if (op.after) op.after(r == fuscoSuccess);
   return r;
 }
 
@@ -283,18 +288,6 @@ fuscoResult_t finishTwin(Communicator& comm, fuscoResult_t r, bool* agreed) {
   return engine;
 }
 
-namespace {
-
-// An operation run now: its late sizes first (engine.h, Op::late), its outcome to `after`.
-fuscoResult_t runLateThenNow(Communicator& comm, Op& op, bool* agreed) {
-  fuscoResult_t r = op.late ? op.late(op) : fuscoSuccess;
-  if (r == fuscoSuccess) r = runOpNow(comm, op, agreed);
-  if (op.after) op.after(r == fuscoSuccess);
-  return r;
-}
-
-}  // namespace
-
 fuscoResult_t runOp(Communicator& comm, Op& op) {
   if (comm.brokenResult() != fuscoSuccess)
     return FUSCO_FAIL(comm.brokenResult(), kEngine,
@@ -314,9 +307,9 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
   } else if (progress != nullptr) {
     // Host-memory exchanges of a CUDA comm share the channels with the enqueued operations: they
     // run on the progress thread after them.
-    r = progress->runSync([&] { return runLateThenNow(comm, op, &agreed); });
+    r = progress->runSync([&] { return runOpNow(comm, op, &agreed); });
   } else {
-    r = runLateThenNow(comm, op, &agreed);
+    r = runOpNow(comm, op, &agreed);
   }
   comm.endOp(r != fuscoSuccess && agreed);
   return r;

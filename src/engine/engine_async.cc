@@ -247,14 +247,6 @@ void resolve(Communicator& c, Pending& pd) {
   DeviceQueue& q = *c.deviceQueue();
   fuscoResult_t r = fuscoSuccess;
   bool validation = false;
-  if (c.brokenResult() == fuscoSuccess && pd.op.late) {
-    r = pd.op.late(pd.op);  // sizes that earlier stream work decided (engine.h)
-    if (r != fuscoSuccess) {
-      const std::string why = threadLastError();
-      c.markBroken(r, why);
-      c.progress()->release(r, why);
-    }
-  }
   if (c.brokenResult() != fuscoSuccess) {
     r = c.brokenResult();  // the streams were released when it broke
   } else if (!pd.op.firstInCall && pd.op.callSerial == c.asyncFailedCall()) {
@@ -263,6 +255,7 @@ void resolve(Communicator& c, Pending& pd) {
   } else {
     bool written = true;
     r = runGuarded(c, pd.op, &validation, [&](OpRunner& runner) {
+      if (pd.op.late) FUSCO_CHECK(pd.op.late(pd.op));  // sizes earlier stream work decided
       DeviceTasks t;
       fuscoResult_t v = runner.resolve(&t);
       // Pairs that agreed move their data even when another pair of the operation did not.
