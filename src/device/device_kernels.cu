@@ -321,12 +321,6 @@ __global__ void zeroRangesKernel(char* base, uint64_t rowBytes, const int64_t* r
   }
 }
 
-fuscoResult_t launchResult(const char* what) {
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return fuscoSuccess;
-  return FUSCO_CUDA_FAIL(e, kEngine, what);
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <int kDt>

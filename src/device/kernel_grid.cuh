@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda_check.h"
+#include "core/log.h"
 #include "device/device_ops.h"
 
 namespace fusco {
@@ -28,6 +30,12 @@ inline int64_t usableSms() {
 inline unsigned gridFor(uint64_t units, int perSm) {
   const uint64_t blocks = std::min<uint64_t>(units, static_cast<uint64_t>(usableSms()) * perSm);
   return static_cast<unsigned>(std::max<uint64_t>(blocks, 1));
+}
+
+// The launch just made: fuscoSuccess, or the runtime's error naming `what`.
+inline fuscoResult_t launchResult(const char* what, Subsys subsys = kEngine) {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? fuscoSuccess : FUSCO_CUDA_FAIL(e, subsys, what);
 }
 
 // Blocks of `threads` threads of `kernel` resident on one multiprocessor at once (its registers

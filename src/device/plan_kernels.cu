@@ -9,6 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/result.h"
 #include "device/device_plan_ops.h"
+#include "device/kernel_grid.cuh"
 
 namespace fusco {
 
@@ -17,7 +18,6 @@ namespace {
 constexpr int kStepThreads = 256;
 constexpr int kScanThreads = 256;
 constexpr int kScanItems = 4;
-constexpr uint64_t kMaxStepBlocks = 4096;
 
 template <typename F>
 __global__ void __launch_bounds__(kStepThreads)
@@ -63,9 +63,10 @@ class DeviceExec {
   template <typename F>
   void forEach(uint64_t n, const uint32_t* dynCount, const F& f) {
     if (n == 0 || result_ != fuscoSuccess) return;
-    const uint64_t blocks =
-        std::min<uint64_t>((n + kStepThreads - 1) / kStepThreads, kMaxStepBlocks);
-    forEachKernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, s_>>>(f, n, dynCount);
+    // Grid-stride over the items, at most a full wave of the multiprocessors FUSCO_CUDA_SMS
+    // allows (kernel_grid.cuh), like every other kernel of the library.
+    const unsigned blocks = gridFor((n + kStepThreads - 1) / kStepThreads, 2048 / kStepThreads);
+    forEachKernel<<<blocks, kStepThreads, 0, s_>>>(f, n, dynCount);
     check("a GPU planner step");
   }
   void scan(uint32_t* data, uint64_t nseg, uint64_t segLen, uint32_t* totals) {
@@ -81,10 +82,7 @@ class DeviceExec {
   fuscoResult_t result() const { return result_; }
 
  private:
-  void check(const char* what) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) result_ = FUSCO_CUDA_FAIL(e, kPlan, what);
-  }
+  void check(const char* what) { result_ = launchResult(what, kPlan); }
   cudaStream_t s_;
   fuscoResult_t result_ = fuscoSuccess;
 };
