@@ -11,6 +11,7 @@
 #include "moe/moe.h"
 #include "moe/moe_exec.h"
 #include "moe/plan_layer.h"
+#include "moe/plan_lists.h"
 
 namespace fusco {
 
@@ -127,15 +128,6 @@ void fillSizes(MoeHandle* h) {
     if (p < static_cast<int>(h->recv.fanStart.size())) z.rowsFrom[p] = h->recv.rowsFrom(p);
     if (p < static_cast<int>(h->recv.fanRows.size())) z.slotsFrom[p] = h->recv.fanRows[p].size();
   }
-}
-
-// The host copy of the routing the plan was made from (a CUDA comm's is there already).
-void keepRouting(const int64_t* topkIdx, MoeHandle* h) {
-  if (topkIdx == h->topkIdx.data()) return;
-  if (topkIdx == nullptr || h->numTokens == 0)
-    h->topkIdx.clear();
-  else
-    h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
 }
 
 // The collective part every plan and replan shares, from this rank's routing on the host.

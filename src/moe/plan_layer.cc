@@ -365,7 +365,7 @@ fuscoResult_t LayerRun::lateFanLists() {
 
 void LayerRun::finish() {
   if (h_.capacity == 0 || !dev_) finishLists(h_);
-  if (!dev_) h_.topkIdx.assign(topk_, topk_ + h_.numTokens * h_.topk);
+  if (!dev_) keepRouting(topk_, &h_);
   if (paramPlanTrace() != 0 && (h_.capacity == 0 || !dev_)) traceSizes(h_);
 }
 
@@ -384,15 +384,13 @@ fuscoResult_t planMoeSteps(const int64_t* topkIdx, void* stream, ArgCheck a, Moe
   if (a.ok()) c.agreeInCall(planAgreement(*h));
   // One host round agrees on every rank's arguments, so every rank enqueues the same operations.
   FUSCO_CHECK(verdict(c, h->names->checks, a));
+  FUSCO_CHECK(run.counts());
+  FUSCO_CHECK(run.basesAndFan());
   if (h->capacity != 0) {
     // No read back: the routing's verdict rides on the last operation, which the progress thread
     // sizes once the summary is back (docs/DESIGN.md).
-    FUSCO_CHECK(run.counts());
-    FUSCO_CHECK(run.basesAndFan());
     FUSCO_CHECK(run.lateFanLists());
   } else {
-    FUSCO_CHECK(run.counts());
-    FUSCO_CHECK(run.basesAndFan());
     ArgCheck b;
     run.readSummary(&b);
     FUSCO_CHECK(verdict(c, h->names->routing, b));

@@ -158,6 +158,14 @@ void finishLists(MoeHandle& h) {
   }
 }
 
+void keepRouting(const int64_t* topkIdx, MoeHandle* h) {
+  if (topkIdx == h->topkIdx.data()) return;
+  if (topkIdx == nullptr || h->numTokens == 0)
+    h->topkIdx.clear();
+  else
+    h->topkIdx.assign(topkIdx, topkIdx + h->numTokens * h->topk);
+}
+
 fuscoResult_t moeQuiesce(MoeHandle& h) {
   Progress* progress = h.comm->progress();
   return progress != nullptr ? progress->runSync([] { return fuscoSuccess; }) : fuscoSuccess;

@@ -19,6 +19,9 @@ void checkSummary(MoeHandle& h, ArgCheck* b);
 void fanListsWork(MoeHandle& h, std::vector<PeerWork>* work);
 // The receive counts on the host and the lists where the comm's paths read them.
 void finishLists(MoeHandle& h);
+// The host copy of the routing the plan was made from (topkIdx in host memory; nothing when it is
+// the handle's own copy already).
+void keepRouting(const int64_t* topkIdx, MoeHandle* h);
 // FUSCO_PLAN_TRACE's line for a plan made by the steps.
 void traceSizes(const MoeHandle& h);
 
