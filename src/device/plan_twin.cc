@@ -60,17 +60,13 @@ void chooseChunks(uint64_t entries, uint64_t keys, uint32_t* chunk, uint32_t* ma
   *maxChunks = static_cast<uint32_t>(chunks);
 }
 
-}  // namespace
-
-size_t carvePlanSend(char* base, uint64_t numTokens, uint32_t topk, uint32_t nranks,
-                     gplan::SendArgs* a) {
-  Carver c(base);
+// A send side's per-slot lists and work arrays (everything but the offsets, the bad slot, the count
+// message and the experts, which the two carvings place differently).
+void carveSendWork(Carver& c, uint64_t numTokens, uint32_t topk, uint32_t nranks,
+                   gplan::SendArgs* a) {
   const uint64_t slots = numTokens * topk;
   a->rowsTR = c.take<uint32_t>(nranks * numTokens);
   a->slotsTR = c.take<uint32_t>(nranks * numTokens);
-  a->rowOff = c.take<uint32_t>(nranks + 1);
-  a->slotOff = c.take<uint32_t>(nranks + 1);
-  a->badSlot = c.take<unsigned long long>(1);
   a->termSrc = c.take<uint32_t>(slots);
   a->rows = c.take<int64_t>(slots);
   a->meta = c.take<int32_t>(2 * slots);
@@ -83,6 +79,17 @@ size_t carvePlanSend(char* base, uint64_t numTokens, uint32_t topk, uint32_t nra
   a->termWeight = c.take<int64_t>(slots);
   a->termLast = c.take<uint8_t>(slots);
   a->termRow = c.take<int64_t>(slots);
+}
+
+}  // namespace
+
+size_t carvePlanSend(char* base, uint64_t numTokens, uint32_t topk, uint32_t nranks,
+                     gplan::SendArgs* a) {
+  Carver c(base);
+  a->rowOff = c.take<uint32_t>(nranks + 1);
+  a->slotOff = c.take<uint32_t>(nranks + 1);
+  a->badSlot = c.take<unsigned long long>(1);
+  carveSendWork(c, numTokens, topk, nranks, a);
   return c.bytes();
 }
 
@@ -127,25 +134,12 @@ void carveSummary(Carver& c, const LayerPlanDims& d, LayerPlan* p) {
   l.padding = c.take<int64_t>(2 * local);
 }
 
-// The send side's lists and work, as carvePlanSend, less what the summary holds.
+// The send side's lists and work, as carvePlanSend, less what the summary holds, plus the count
+// message and each slot's expert.
 void carveSendLists(Carver& c, const LayerPlanDims& d, gplan::SendArgs* a) {
-  const uint64_t slots = d.numTokens * d.topk;
-  a->rowsTR = c.take<uint32_t>(d.nranks * d.numTokens);
-  a->slotsTR = c.take<uint32_t>(d.nranks * d.numTokens);
-  a->termSrc = c.take<uint32_t>(slots);
-  a->rows = c.take<int64_t>(slots);
-  a->meta = c.take<int32_t>(2 * slots);
-  a->kStart = c.take<uint32_t>(slots + d.nranks);
-  a->kSlots = c.take<uint8_t>(slots);
-  a->local = c.take<int32_t>(slots);
-  a->weightIdx = c.take<int64_t>(slots);
-  a->termStart = c.take<uint32_t>(d.numTokens + 1);
-  a->termRank = c.take<uint32_t>(slots);
-  a->termWeight = c.take<int64_t>(slots);
-  a->termLast = c.take<uint8_t>(slots);
-  a->termRow = c.take<int64_t>(slots);
+  carveSendWork(c, d.numTokens, d.topk, d.nranks, a);
   a->countsMsg = c.take<uint32_t>(d.numExperts + 2ull * d.nranks);
-  a->expert = c.take<int32_t>(slots);
+  a->expert = c.take<int32_t>(d.numTokens * d.topk);
 }
 
 // The arrays one step reads from another's, and the dimensions.
