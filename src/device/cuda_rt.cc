@@ -218,13 +218,20 @@ namespace {
 
 // Waits on the host until `event` completed, polling, so the wait ends within timeoutMs (a stream
 // stalled by a dead peer is released by its communicator within that time).
-fuscoResult_t waitEventWithin(void* event, int64_t timeoutMs, const char* what) {
+fuscoResult_t waitEventWithin(void* event, int64_t timeoutMs, const char* what,
+                              const std::function<fuscoResult_t()>& alive = nullptr,
+                              int64_t aliveEveryMs = 0) {
   const Deadline deadline(timeoutMs);
+  int64_t lastAlive = nowNs();
   for (;;) {
     const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (q == cudaSuccess) return fuscoSuccess;
     if (q != cudaErrorNotReady) return FUSCO_CUDA_FAIL(q, kEngine, what);
     cudaGetLastError();
+    if (alive && nowNs() - lastAlive >= aliveEveryMs * 1000000LL) {
+      FUSCO_CHECK(alive());
+      lastAlive = nowNs();
+    }
     if (deadline.expired())
       return FUSCO_FAIL(fuscoTimeout, kEngine, "%s did not complete within the timeout (%lld ms)",
                         what, static_cast<long long>(timeoutMs));
@@ -362,9 +369,10 @@ fuscoResult_t StreamEvent::query(bool* done) const {
   return fuscoSuccess;
 }
 
-fuscoResult_t StreamEvent::synchronize() const {
-  if (recorded_) FUSCO_CUDACHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), kEngine);
-  return fuscoSuccess;
+fuscoResult_t StreamEvent::waitWithin(int64_t timeoutMs, const char* what,
+                                      const std::function<fuscoResult_t()>& alive,
+                                      int64_t aliveEveryMs) const {
+  return recorded_ ? waitEventWithin(event_, timeoutMs, what, alive, aliveEveryMs) : fuscoSuccess;
 }
 
 fuscoResult_t StreamEvent::waitOn(void* stream) const {
@@ -415,7 +423,10 @@ fuscoResult_t StreamEvent::query(bool* done) const {
   *done = true;
   return fuscoSuccess;
 }
-fuscoResult_t StreamEvent::synchronize() const { return fuscoSuccess; }
+fuscoResult_t StreamEvent::waitWithin(int64_t, const char*, const std::function<fuscoResult_t()>&,
+                                      int64_t) const {
+  return fuscoSuccess;
+}
 fuscoResult_t StreamEvent::waitOn(void*) const { return notBuilt(); }
 DeviceBuffer::~DeviceBuffer() = default;
 fuscoResult_t DeviceBuffer::reserve(size_t, int64_t) { return notBuilt(); }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -82,7 +83,12 @@ class StreamEvent {
   fuscoResult_t record(void* stream);
   // *done: everything before the last record() has run (true when never recorded).
   fuscoResult_t query(bool* done) const;
-  fuscoResult_t synchronize() const;
+  // Waits on the host until the last record() ran (at once when never recorded), polling: past
+  // timeoutMs it is fuscoTimeout naming `what`; `alive` (may be empty), called every aliveEveryMs,
+  // ends the wait with its error (a broken comm, a dead peer).
+  fuscoResult_t waitWithin(int64_t timeoutMs, const char* what,
+                           const std::function<fuscoResult_t()>& alive = nullptr,
+                           int64_t aliveEveryMs = 0) const;
   // `stream` waits for the last record() (nothing when never recorded).
   fuscoResult_t waitOn(void* stream) const;
 

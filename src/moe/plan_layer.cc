@@ -301,22 +301,16 @@ fuscoResult_t LayerRun::exchangeFanLists() {
 // by the comm's timeout and its peers' liveness.
 fuscoResult_t waitSummary(MoeHandle& h) {
   Communicator& c = *h.comm;
-  const int64_t start = nowNs();
-  for (int64_t i = 0;; ++i) {
-    bool done = false;
-    FUSCO_CHECK(h.steps.summaryReady.query(&done));
-    if (done) return fuscoSuccess;
+  auto alive = [&c]() -> fuscoResult_t {
     if (c.brokenResult() != fuscoSuccess)
       return FUSCO_FAIL(c.brokenResult(), kPlan, "a capacity plan's summary: %s",
                         c.brokenMessage().c_str());
-    for (int p = 0; p < c.nranks() && i % 64 == 0; ++p)
+    for (int p = 0; p < c.nranks(); ++p)
       if (p != c.rank()) FUSCO_CHECK(c.checkPeer(p));
-    if (nowNs() - start > c.timeoutMs() * 1000000LL)
-      return FUSCO_FAIL(fuscoTimeout, kPlan,
-                        "a capacity plan's stream work did not finish within %lld ms",
-                        static_cast<long long>(c.timeoutMs()));
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+    return fuscoSuccess;
+  };
+  return h.steps.summaryReady.waitWithin(c.timeoutMs(), "a capacity plan's stream work", alive,
+                                         paramLivenessMs());
 }
 
 // A capacity plan's last operation, once its summary is on the host (on the progress thread for
