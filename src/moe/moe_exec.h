@@ -64,8 +64,10 @@ fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream);
 // forwarders' blocks, from the RANK send plan in h.send. Leaves in *metaFrom the RANK-format
 // metadata every source would have sent this rank, for planRecv. A malformed peer message sets
 // *b instead of failing, so this rank still takes part in the remaining exchanges.
-fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
+fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a,
                             std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b);
+// The balancer mode of a config's FUSCO_BALANCE_* value (AUTO: the best available, GREEDY).
+Balance balanceMode(int requested);
 // What every rank must pass alike (call_agreement.cc), carried by the call's first operation
 // (Communicator::agreeInCall). The plan's resolved config: dedup, numExperts, a digest of the
 // placement and expertAlignment (balance matters under NODE dedup only, where the node counts

@@ -45,10 +45,10 @@ struct PlanNames {
 struct MoeHandle {
   Communicator* comm = nullptr;
   // The config of the fuscoMoePlan that made the handle, for its replans: the placement and the
-  // alignment are in `shape`, the resolved dedup mode in `dedup`, the requested balance here.
+  // alignment are in `shape`, the resolved dedup mode in `dedup`, the balancer mode in
+  // node.balance.
   MoeShape shape;
   Dedup dedup = Dedup::Rank;
-  int balance = FUSCO_BALANCE_AUTO;
   // False from the start of a replan until it succeeds: dispatch, combine and the receive counts
   // refuse the handle meanwhile (a failed replan failed on every rank, docs/API.md).
   bool planned = false;

@@ -86,11 +86,11 @@ const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream,
   return h.topkIdx.data();
 }
 
-// What a plan keeps of its config: the dedup mode, the requested balance and the shape.
+// What a plan keeps of its config: the dedup mode, the balancer mode and the shape.
 void configure(const fuscoMoeConfig_t* config, ArgCheck* a, MoeHandle* h) {
   if (!a->ok()) return;
   h->dedup = chooseDedup(config->dedup, h->comm->nodes().numNodes);
-  h->balance = config->balance;
+  h->node.balance = balanceMode(config->balance);
   if (buildMoeShape(h->comm->nranks(), config->numExperts, config->expertToRank,
                     config->expertAlignment, &h->shape) != fuscoSuccess)
     a->fail("%s", threadLastError().c_str());
@@ -138,7 +138,7 @@ fuscoResult_t planRouting(const int64_t* topkIdx, void* stream, ArgCheck a, MoeH
   std::vector<std::vector<int32_t>>& metaFrom = h->scratch.metaFrom;
   ArgCheck b;
   if (a.ok() && h->dedup == Dedup::Node)
-    FUSCO_CHECK(planNodeDedup(*h, a, h->balance, &metaFrom, &b));
+    FUSCO_CHECK(planNodeDedup(*h, a, &metaFrom, &b));
   else
     FUSCO_CHECK(exchangeWords(c, h->names->metadata, a, h->send.meta, &metaFrom));
   planReceive(h, metaFrom, &b);

@@ -30,17 +30,6 @@ fuscoResult_t gatherNodeCounts(Communicator& c, const char* name, const ArgCheck
   return runMoeOp(c, name, a, work);
 }
 
-Balance balanceMode(int requested) {
-  switch (requested) {
-    case FUSCO_BALANCE_NONE:
-      return Balance::None;
-    case FUSCO_BALANCE_STATIC:
-      return Balance::Static;
-    default:
-      return Balance::Greedy;  // AUTO: the best available
-  }
-}
-
 // The routes every rank computes alike from the all-gathered counts (rowsTo), logged.
 void planNodeRoutes(const Communicator& c, const char* call, MoeHandle::NodeState& st,
                     const std::vector<uint64_t>& rowsTo, uint32_t slack) {
@@ -123,13 +112,23 @@ void noteMalformed(fuscoResult_t r, ArgCheck* b, T* out, T empty) {
 
 }  // namespace
 
-fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a, int balance,
+Balance balanceMode(int requested) {
+  switch (requested) {
+    case FUSCO_BALANCE_NONE:
+      return Balance::None;
+    case FUSCO_BALANCE_STATIC:
+      return Balance::Static;
+    default:
+      return Balance::Greedy;  // AUTO: the best available
+  }
+}
+
+fuscoResult_t planNodeDedup(MoeHandle& h, const ArgCheck& a,
                             std::vector<std::vector<int32_t>>* metaFrom, ArgCheck* b) {
   Communicator& c = *h.comm;
   const NodeMap& nodes = c.nodes();
   const int me = c.rank(), n = c.nranks();
   auto& st = h.node;
-  st.balance = balanceMode(balance);
   // GREEDY may relay part of a heavy rank's rows through a local peer's NIC (one more intra-node
   // hop, pipelined like the forwarder's). Relays and splits cost hops and messages: only worth
   // it beyond a few percent (FUSCO_BALANCE_SLACK, in 1/1024 of the lower bound).
