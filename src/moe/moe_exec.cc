@@ -42,10 +42,13 @@ void noteDispatchStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t r
   h.stats.dispatchBytesInterNode = traffic.interBytes;
 }
 
-void noteCombineStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes,
-                      size_t weightBytes) {
+void noteCombineStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes) {
   Traffic traffic;
   const Communicator& c = *h.comm;
+  // The routing weights go to the expert side on the host path (RANK and NODE); a CUDA comm's
+  // combine reads the rows from the source, so its weights never leave it.
+  const size_t weightBytes =
+      h.dedup != Dedup::None && c.memType() != fuscoMemCuda ? sizeof(float) : 0;
   for (int p = 0; p < c.nranks() && weightBytes > 0; ++p)
     traffic.add(c, p, 0, h.weightIdx[p].size() * weightBytes);
   traffic.addSends(c, work, rowBytes);
@@ -78,11 +81,8 @@ fuscoResult_t moeCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt
     FUSCO_CHECK(deviceCombine(h, expertOut, dt, hidden, topkWeights, out, a, stream, &work.peers));
   else
     FUSCO_CHECK(hostCombine(h, expertOut, dt, hidden, topkWeights, out, a, &work));
-  // What this rank put on each path: the routing weights (RANK, host path), then the rows it
-  // sent back (on the GPU: the rows its peers read from it).
-  const size_t weightBytes = h.dedup != Dedup::None && !onDevice ? sizeof(float) : 0;
-  if (!(onDevice && h.capacity != 0))
-    noteCombineStats(h, work.peers, hidden * dataTypeSize(dt), weightBytes);
+  // What this rank put on each path (on the GPU: the rows its peers read from it).
+  if (!(onDevice && h.capacity != 0)) noteCombineStats(h, work.peers, hidden * dataTypeSize(dt));
   return fuscoSuccess;
 }
 

@@ -55,8 +55,8 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
 // This rank's traffic in the operation it ran (fuscoMoeGetStats), under h.statsMu: a capacity
 // plan's dispatch and combine note it on the progress thread, once sized.
 void noteDispatchStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes);
-void noteCombineStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes,
-                      size_t weightBytes = 0);
+// Combine's traffic includes the routing weights where they travel (the host path with dedup).
+void noteCombineStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes);
 // Copies the plan's index lists to the device (device_plan.cc), on `stream`.
 fuscoResult_t uploadMoePlan(MoeHandle& h, void* stream);
 
