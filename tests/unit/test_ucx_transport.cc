@@ -16,6 +16,8 @@
 #include "harness/transport_kinds.h"
 #include "harness/transport_traffic.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_comm.h"
+#include "transport/ucx/ucx_gdr.h"
 
 namespace fusco {
 extern const TransportOps kUcxTransport;
@@ -74,10 +76,47 @@ TEST(UcxTransport, ScoresOnlyPeersOnOtherNodes) {
   EXPECT_LT(kUcxTransport.score(ctx, 0), 0);
   EXPECT_LT(kUcxTransport.score(ctx, 1), 0);
   EXPECT_GT(kUcxTransport.score(ctx, 2), 1);
+  // A CUDA comm's pairs on other nodes use it too (the engine's network bridge stages the rows).
   ctx.memType = fuscoMemCuda;
-  EXPECT_LT(kUcxTransport.score(ctx, 2), 0);
+  EXPECT_GT(kUcxTransport.score(ctx, 2), 1);
+  EXPECT_LT(kUcxTransport.score(ctx, 1), 0);
   EXPECT_EQ(kUcxTransport.memAlloc, nullptr);
   EXPECT_EQ(kUcxTransport.peerPointer, nullptr);
+}
+
+// FUSCO_NET_GDR against what UCX reports: auto and 0 stage (and say why), 1 fails saying why,
+// anything else is refused.
+TEST(UcxNetPath, GdrSettingAgainstWhatUcxReports) {
+  std::string path;
+  ASSERT_EQ(fusco::ucx::chooseNetPath("auto", 0, 2, &path), fuscoSuccess);
+  EXPECT_NE(path.find("staged through pinned host memory"), std::string::npos) << path;
+  EXPECT_NE(path.find("no CUDA memory on 2 of 2 rail(s)"), std::string::npos) << path;
+  ASSERT_EQ(fusco::ucx::chooseNetPath("0", 2, 2, &path), fuscoSuccess);
+  EXPECT_NE(path.find("FUSCO_NET_GDR=0"), std::string::npos) << path;
+  path = "unchanged";
+  EXPECT_EQ(fusco::ucx::chooseNetPath("1", 1, 2, &path), fuscoInvalidUsage);
+  EXPECT_EQ(path, "unchanged");
+  const std::string why = fusco::threadLastError();
+  EXPECT_NE(why.find("FUSCO_NET_GDR=1"), std::string::npos) << why;
+  EXPECT_NE(why.find("no CUDA memory on 1 of 2"), std::string::npos) << why;
+  EXPECT_EQ(fusco::ucx::chooseNetPath("1", 2, 2, &path), fuscoInvalidUsage);
+  EXPECT_NE(fusco::threadLastError().find("no GPUDirect data path"), std::string::npos)
+      << fusco::threadLastError();
+  EXPECT_EQ(fusco::ucx::chooseNetPath("yes", 0, 1, &path), fuscoInvalidArgument);
+  EXPECT_NE(fusco::threadLastError().find("expected auto, 0 or 1"), std::string::npos);
+}
+
+// A real rail (UCX's own choice of devices here) reports what memory it supports; on Debian's UCX
+// no CUDA memory, so auto stages.
+TEST(UcxNetPath, RailsReportTheirMemoryTypes) {
+  fusco::ucx::UcxComm c;
+  c.rails.resize(1);
+  ASSERT_EQ(fusco::ucx::openRail(&c, "", &c.rails[0]), fuscoSuccess) << fusco::threadLastError();
+  const size_t cuda = fusco::ucx::railHasCudaMemory(&c, 0) ? 1 : 0;
+  std::string path;
+  EXPECT_EQ(fusco::ucx::chooseNetPath("auto", cuda, 1, &path), fuscoSuccess);
+  EXPECT_NE(path.find("staged"), std::string::npos) << path;
+  EXPECT_TRUE(fusco::ucx::teardown(&c));
 }
 
 }  // namespace

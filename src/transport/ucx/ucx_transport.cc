@@ -1,7 +1,8 @@
 // The UCX transport ("ucx"): ranks on different nodes exchange messages as UCP active messages
 // over the rail chosen for the pair (see ucx_comm.h for the protocol). Peers on the same node use
-// shm; this transport scores -1 there. No registered memory: peers on other nodes cannot map it,
-// so the engine stages every message through the channel.
+// shm (host memory) or cuda_ipc (device memory); this transport scores -1 there. No registered
+// memory: peers on other nodes cannot map it, so the engine stages every message through the
+// channel (a CUDA comm's through its network bridge, engine/net_bridge.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "core/result.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_comm.h"
+#include "transport/ucx/ucx_gdr.h"
 #include "transport/ucx/ucx_nics.h"
 
 namespace fusco {
@@ -40,8 +42,10 @@ UcxPeer* connectedPeer(UcxComm* c, int peer, const char* what, fuscoResult_t* r)
   return &c->peers[peer];
 }
 
+// Host and CUDA comms alike: a CUDA comm's channel carries host memory (its rounds, and device
+// rows its network bridge staged in pinned host memory).
 int ucxScore(const TransportContext& ctx, int peer) {
-  if (ctx.memType != fuscoMemHost || ctx.nodes == nullptr || peer == ctx.rank) return -1;
+  if (ctx.nodes == nullptr || peer == ctx.rank) return -1;
   if (peer < 0 || peer >= ctx.nodes->nranks || ctx.rank < 0 || ctx.rank >= ctx.nodes->nranks)
     return -1;
   return ctx.nodes->sameNode(ctx.rank, peer) ? -1 : 20;
@@ -98,6 +102,13 @@ fuscoResult_t ucxSetupInto(UcxComm* c, const TransportContext& ctx, const std::v
   c->rails.resize(devices.size());
   for (size_t i = 0; i < devices.size(); ++i)
     FUSCO_CHECK(ucx::openRail(c, devices[i], &c->rails[i]));
+  if (ctx.memType == fuscoMemCuda) {
+    size_t cudaRails = 0;
+    for (size_t i = 0; i < c->rails.size(); ++i) cudaRails += ucx::railHasCudaMemory(c, i) ? 1 : 0;
+    std::string path;
+    FUSCO_CHECK(ucx::chooseNetPath(ucx::paramNetGdr(), cudaRails, c->rails.size(), &path));
+    FUSCO_INFO(kUcx, "ucx: rank %d moves device rows to other nodes %s", ctx.rank, path.c_str());
+  }
   *blob = ucx::encodeBlob(c);
   FUSCO_INFO(kUcx,
              "ucx: rank %d opened %zu rail(s) (%s) for %zu peers: %d x %zu-byte slots each way",
