@@ -12,6 +12,7 @@
 #include "core/result.h"
 #include "device/cuda_rt.h"
 #include "engine/engine_async.h"
+#include "engine/net_bridge.h"
 #include "engine/peer_info.h"
 #include "engine/stream_ops.h"
 
@@ -178,11 +179,13 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->devRecvSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) {
     c->streamOps_ = cudaStreamOps();
+    FUSCO_CHECK(c->startBridge());
     FUSCO_CHECK(c->startAsync());
   } else if (paramAsyncHost() != 0) {
     FUSCO_CHECK(c->twinFlags());
     if (!c->twinPeerFlags_.empty() || nranks == 1) {
       c->streamOps_ = hostStreamOps(c->ctx_.timeoutMs);
+      FUSCO_CHECK(c->startBridge());
       FUSCO_CHECK(c->startAsync());
       FUSCO_INFO(kInit,
                  "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
@@ -287,12 +290,14 @@ fuscoResult_t Communicator::startAsync() {
         cudaSetCurrent(device);
         cudaRelaxCaptureOnThisThread();  // allocations while the caller captures a graph
       });
+  if (bridge_ && bridge_->any()) progress_->setPump([self] { return self->pumpBridge(); });
   return fuscoSuccess;
 }
 
 // The host twin's flags (DeviceFlags, kDeviceFlagKinds words per peer) in this rank's shm arena,
-// mapped by every peer. Left empty (no twin) when a peer's transport cannot map this rank's memory
-// (ranks on other nodes): such comms keep the host engine.
+// mapped by every peer of its node; peers on other nodes have the network bridge's (net_bridge.h).
+// Left empty (no twin) when a peer of the node cannot map this rank's memory: such comms keep the
+// host engine.
 fuscoResult_t Communicator::twinFlags() {
   const size_t bytes = static_cast<size_t>(kDeviceFlagKinds) * nranks_ * 64;
   void* own = nullptr;
@@ -302,12 +307,12 @@ fuscoResult_t Communicator::twinFlags() {
   uint64_t token = 0;
   bool mappable = true;
   for (int p = 0; p < nranks_ && mappable; ++p)
-    mappable = p == rank_ || regionToken(p, own, bytes, &token);
+    mappable = p == rank_ || !nodes_.sameNode(rank_, p) || regionToken(p, own, bytes, &token);
   std::vector<std::string> all;
   FUSCO_CHECK(bootstrap_->allGather(mappable ? std::to_string(token) : "-", &all));
   std::vector<char*> peers(nranks_, nullptr);
   for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || !nodes_.sameNode(rank_, p)) continue;
     const PeerConn& pc = conns_[p];
     if (all[p] == "-" || pc.ops == nullptr || pc.ops->peerPointer == nullptr) return fuscoSuccess;
     peers[p] = static_cast<char*>(
@@ -434,8 +439,8 @@ fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
   return fuscoSuccess;
 }
 
-// Every rank of a CUDA comm learns whether every rank has its device and whether the comm spans
-// one node (CUDA IPC reaches ranks of one node only), before any transport is set up.
+// Every rank of a CUDA comm learns whether every rank has its device, before any transport is set
+// up.
 fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::string& error) {
   const std::string failure = status == fuscoSuccess ? "" : error.empty() ? "unknown" : error;
   int failed = -1;
@@ -445,11 +450,6 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
   if (failed >= 0)
     return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed,
                       why.c_str());
-  if (nodes_.numNodes > 1)
-    return FUSCO_FAIL(
-        fuscoInvalidUsage, kInit,
-        "a fuscoMemCuda communicator must span one node (CUDA IPC); these %d ranks form %d nodes",
-        nranks_, nodes_.numNodes);
   return fuscoSuccess;
 }
 
@@ -487,6 +487,10 @@ fuscoResult_t Communicator::memDeregister(void* ptr) {
 }
 
 fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
+  if (bridge_ && bridge_->remote(peer)) {
+    bridge_->flags(peer, out);
+    return fuscoSuccess;
+  }
   if (!twinPeerFlags_.empty()) {
     for (int kind = 0; kind < kDeviceFlagKinds; ++kind) {
       char* mine = twinOwnFlags_ + (static_cast<size_t>(kind) * nranks_ + peer) * 64;
@@ -516,6 +520,7 @@ Communicator::~Communicator() {
     if (streamOps_) streamOps_->drain();  // the host twin's stream
     progress_.reset();
     deviceQueue_.reset();
+    bridge_.reset();
     streamOps_.reset();
   }
   for (auto& kv : scratch_)
@@ -625,6 +630,59 @@ void Communicator::endCall(fuscoResult_t r, const std::string& why) {
 std::string Communicator::brokenMessage() const {
   std::lock_guard<std::mutex> g(brokenMu_);
   return brokenMsg_;
+}
+
+// A comm whose calls only enqueue reaches peers on other nodes through the network bridge
+// (net_bridge.h), which the progress thread pumps.
+fuscoResult_t Communicator::startBridge() {
+  if (nodes_.numNodes <= 1) return fuscoSuccess;
+  bridge_ = std::make_unique<NetBridge>(*this);
+  FUSCO_CHECK(bridge_->init());
+  FUSCO_INFO(kInit,
+             "peers on other nodes: rows staged through %s memory and the network transport, "
+             "driven by the progress thread",
+             memType() == fuscoMemCuda ? "pinned host" : "host");
+  return fuscoSuccess;
+}
+
+// One pump of the bridge on the progress thread; a failure breaks the comm and releases the
+// streams. True while the bridge owes a peer something.
+bool Communicator::pumpBridge() {
+  stepTransports();  // what the bridge posted moves on (UCX sends complete in the background)
+  // A broken or aborted comm owes its peers nothing more (their waits are released too).
+  if (brokenResult() != fuscoSuccess || abortRequested()) return false;
+  bool busy = false;
+  const fuscoResult_t r = bridge_->pump(&busy);
+  if (r == fuscoSuccess) return busy;
+  const std::string why = threadLastError();
+  FUSCO_WARN(kEngine, "%s", why.c_str());
+  markBroken(r, why);
+  progress_->releaseWaits();
+  return false;
+}
+
+void Communicator::stepTransports() {
+  for (auto& t : transports_)
+    if (t.first->progress != nullptr) t.first->progress(t.second);
+}
+
+void Communicator::progressTransports() {
+  if (bridge_ && progress_ && progress_->onThread())
+    pumpBridge();
+  else
+    stepTransports();
+}
+
+fuscoResult_t Communicator::pollPeer(int peer, const void** buf, size_t* len, uint32_t* tag) {
+  if (bridge_ && bridge_->remote(peer)) return bridge_->poll(peer, buf, len, tag);
+  const PeerConn& pc = conns_[peer];
+  return pc.ops->recvPoll(pc.tc, peer, buf, len, tag);
+}
+
+fuscoResult_t Communicator::releasePeer(int peer) {
+  if (bridge_ && bridge_->remote(peer)) return bridge_->release(peer);
+  const PeerConn& pc = conns_[peer];
+  return pc.ops->recvRelease(pc.tc, peer);
 }
 
 }  // namespace fusco

@@ -43,6 +43,7 @@ int64_t paramLivenessMs();
 // peer, so a difference fails that operation on every rank before any data moves.
 class DeviceQueue;  // engine_async.h
 class StreamOps;    // stream_ops.h
+class NetBridge;    // net_bridge.h
 
 struct AgreeValue {
   const char* name;  // the argument or field, as the error message names it
@@ -120,11 +121,14 @@ class Communicator {
   // an asynchronous error; removeWatch returns once no check of key runs.
   void addWatch(const void* key, std::function<void()> check);
   void removeWatch(const void* key);
-  // Steps every transport that moves posted messages in the background (TransportOps::progress).
-  void progressTransports() {
-    for (auto& t : transports_)
-      if (t.first->progress != nullptr) t.first->progress(t.second);
-  }
+  // Steps every transport that moves posted messages in the background (TransportOps::progress),
+  // and on the progress thread the network bridge (net_bridge.h).
+  void progressTransports();
+  // The next message from peer and its release (TransportOps::recvPoll / recvRelease): every
+  // wait of the engine reads its channels through these, so the network bridge sees its own
+  // messages among the engine's.
+  fuscoResult_t pollPeer(int peer, const void** buf, size_t* len, uint32_t* tag);
+  fuscoResult_t releasePeer(int peer);
 
   // Error state. A failure in the middle of moving data breaks the communicator (rings may hold
   // half an operation); every later call fails fast with the original message.
@@ -187,6 +191,8 @@ class Communicator {
   Progress* progress() { return progress_.get(); }
   DeviceQueue* deviceQueue() { return deviceQueue_.get(); }
   StreamOps* streamOps() { return streamOps_.get(); }
+  // The network bridge of an enqueue-only comm with ranks on other nodes; nullptr otherwise.
+  NetBridge* bridge() { return bridge_.get(); }
   // A host comm whose calls run through the enqueue-only engine on a host twin of the stream
   // (FUSCO_ASYNC_HOST=1, stream_ops.h).
   bool hostTwin() const { return memType() == fuscoMemHost && streamOps_ != nullptr; }
@@ -249,6 +255,10 @@ class Communicator {
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;
   std::unique_ptr<StreamOps> streamOps_;  // outlives the queue and the progress thread
+  std::unique_ptr<NetBridge> bridge_;     // outlives the progress thread
+  fuscoResult_t startBridge();
+  bool pumpBridge();
+  void stepTransports();
   std::unique_ptr<DeviceQueue> deviceQueue_;
   std::unique_ptr<Progress> progress_;  // after deviceQueue_: joined before it is freed
   std::mutex asyncMu_;

@@ -129,7 +129,6 @@ bool OpRunner::directTarget(int p, size_t m, RowStream* dst) {
 }
 
 fuscoResult_t OpRunner::stepRecv(int p, bool* progressed) {
-  const PeerConn& pc = c_.conn(p);
   auto& cur = rc_[p];
   const auto& recvs = op_.peers[p].recvs;
   for (int budget = c_.depth(); budget > 0 && cur.msg < recvs.size();) {
@@ -142,7 +141,7 @@ fuscoResult_t OpRunner::stepRecv(int p, bool* progressed) {
     const void* buf;
     size_t len;
     uint32_t tag;
-    FUSCO_CHECK(pc.ops->recvPoll(pc.tc, p, &buf, &len, &tag));
+    FUSCO_CHECK(c_.pollPeer(p, &buf, &len, &tag));
     if (buf == nullptr) return fuscoSuccess;
     if (tag == kTagDirectDone) {
       if (mine_[p].recvTokens[cur.msg] == kStagedToken || cur.off != 0)
@@ -159,7 +158,7 @@ fuscoResult_t OpRunner::stepRecv(int p, bool* progressed) {
     } else {
       return protocolError(p, "an unexpected message in the data phase");
     }
-    FUSCO_CHECK(pc.ops->recvRelease(pc.tc, p));
+    FUSCO_CHECK(c_.releasePeer(p));
     *progressed = true;
     --budget;
   }

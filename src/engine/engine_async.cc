@@ -13,6 +13,7 @@
 #include "device/cuda_rt.h"
 #include "device/device_ops.h"
 #include "engine/engine_device.h"
+#include "engine/net_bridge.h"
 #include "engine/op_runner.h"
 
 namespace fusco {
@@ -127,8 +128,22 @@ struct Pending {
   uint64_t index = 0;
   ParamBlock block;
   ParamLayout layout;
+  std::vector<bool> involved;                  // the pairs that post and wait for both flags
   fuscoResult_t enqueueStatus = fuscoSuccess;  // what the caller was told
 };
+
+// Every operation a remote pair shares is registered with the network bridge before its GO, with
+// the rows it moves (none when the pair did not agree, or the operation failed).
+void expectBridged(Communicator& c, const Pending& pd, const DeviceTasks& t) {
+  NetBridge* bridge = c.bridge();
+  if (bridge == nullptr) return;
+  for (size_t p = 0; p < pd.involved.size(); ++p) {
+    if (!pd.involved[p] || !bridge->remote(static_cast<int>(p))) continue;
+    DeviceTasks::Bridged b;
+    if (t.ready && p < t.bridged.size()) b = t.bridged[p];
+    bridge->expect(static_cast<int>(p), b.send, b.sendBytes, b.recv, b.recvBytes);
+  }
+}
 
 // The flags of every involved pair and this operation's counter for each, both directions.
 struct PairFlags {
@@ -252,11 +267,12 @@ void resolve(Communicator& c, Pending& pd) {
   } else if (!pd.op.firstInCall && pd.op.callSerial == c.asyncFailedCall()) {
     // An earlier operation of this call failed validation on every rank: every rank skips it.
     r = fuscoInvalidArgument;
+    expectBridged(c, pd, DeviceTasks{});
   } else {
     bool written = true;
+    DeviceTasks t;
     r = runGuarded(c, pd.op, &validation, [&](OpRunner& runner) {
       if (pd.op.late) FUSCO_CHECK(pd.op.late(pd.op));  // sizes earlier stream work decided
-      DeviceTasks t;
       fuscoResult_t v = runner.resolve(&t);
       // Pairs that agreed move their data even when another pair of the operation did not.
       fuscoResult_t w = t.ready ? writeParams(*c.streamOps(), pd, t) : fuscoSuccess;
@@ -264,6 +280,7 @@ void resolve(Communicator& c, Pending& pd) {
       return written ? v : w;
     });
     validation = validation && written;
+    if (r == fuscoSuccess || validation) expectBridged(c, pd, written ? t : DeviceTasks{});
     if (r != fuscoSuccess) {
       const std::string why = threadLastError();
       if (validation) {
@@ -278,6 +295,25 @@ void resolve(Communicator& c, Pending& pd) {
   }
   if (pd.op.after) pd.op.after(r == fuscoSuccess);
   q.go(pd.index);
+}
+
+// What the network bridge cannot carry to a peer on another node: a replay of a captured
+// operation (invisible to the progress thread that ships the rows) and a pull operation (its
+// reading kernel maps the peer's buffer). Both sides of such a pair refuse alike.
+void refuseBridged(Communicator& c, const std::vector<bool>& involved, Op* op) {
+  if (c.bridge() == nullptr || op->argStatus != fuscoSuccess || (!op->captured && !op->pullRun))
+    return;
+  for (size_t p = 0; p < involved.size(); ++p) {
+    if (!involved[p] || !c.bridge()->remote(static_cast<int>(p))) continue;
+    op->argStatus = fuscoInvalidUsage;
+    op->argError = std::string(op->name) + ": rank " + std::to_string(p) +
+                   " is on another node, and " +
+                   (op->captured ? "calls with peers on other nodes cannot be captured into a "
+                                   "CUDA graph (the progress thread ships their rows)"
+                                 : "this call reads its peers' buffers in place, which a peer on "
+                                   "another node cannot offer");
+    return;
+  }
 }
 
 }  // namespace
@@ -297,7 +333,9 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
     if (p == me || involved[p]) tasksA += op.peers[p].sends.size();
     if (involved[p]) tasksB += op.peers[p].recvs.size();
   }
+  refuseBridged(c, involved, &op);
   auto pd = std::make_shared<Pending>(std::move(op));
+  pd->involved = involved;
   Op& o = pd->op;
   pd->layout = layoutFor(*c.streamOps(), o, n, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();

@@ -5,12 +5,15 @@
 #include "core/log.h"
 #include "core/result.h"
 #include "device/device_ops.h"
+#include "engine/net_bridge.h"
 
 namespace fusco {
 
 namespace {
 
 constexpr size_t kStagingAlign = 256;
+
+size_t aligned(size_t bytes) { return (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign; }
 
 bool flat(const RowStream& s) { return s.rows == nullptr && s.fanStart == nullptr; }
 
@@ -51,13 +54,14 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
   offers->stagedAt.assign(n, {});
   size_t staged = 0;
   for (int p = 0; p < n; ++p) {
-    if (p == c.rank() || !involved[p]) continue;
+    // A peer on another node: its rows land in the network bridge's area (deviceTasks).
+    if (p == c.rank() || !involved[p] || (c.bridge() && c.bridge()->remote(p))) continue;
     PairHeader& h = (*mine)[p];
     offers->stagedAt[p].assign(h.recvBytes.size(), -1);
     for (size_t m = 0; m < h.recvBytes.size(); ++m) {
       if (h.recvTokens[m] != kStagedToken || h.recvBytes[m] == 0) continue;  // offered in place
       offers->stagedAt[p][m] = static_cast<int64_t>(staged);
-      staged += (h.recvBytes[m] + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+      staged += aligned(h.recvBytes[m]);
     }
   }
   if (staged == 0) return fuscoSuccess;
@@ -138,14 +142,54 @@ fuscoResult_t landing(Communicator& c, const Op& op, const std::vector<PairHeade
 
 }  // namespace
 
+// Bytes of the messages in a network bridge's area, every message starting aligned.
+size_t areaBytes(const std::vector<RowStream>& msgs) {
+  size_t total = 0;
+  for (const RowStream& s : msgs) total += aligned(s.bytes());
+  return total;
+}
+
+// A peer on another node (net_bridge.h): its messages go through the bridge's areas, the sends
+// gathered in message order, the receives scattered from where the peer's land.
+fuscoResult_t bridgeTasks(Communicator& c, const Op& op, int p, DeviceTasks* out) {
+  const PeerWork& w = op.peers[p];
+  NetBridge::Area send, recv;
+  FUSCO_CHECK(c.bridge()->areas(p, areaBytes(w.sends), areaBytes(w.recvs), &send, &recv));
+  DeviceTasks::Bridged& b = out->bridged[p];
+  b = {send.host, 0, recv.host, 0};
+  for (const RowStream& src : w.sends) {
+    if (src.bytes() == 0) continue;
+    DevCopyTask t;
+    FUSCO_CHECK(
+        copyTask(src, RowStream::flat(send.mapped + b.sendBytes, src.bytes()), op.name, &t));
+    out->a.push_back(t);
+    b.sendBytes += aligned(src.bytes());
+  }
+  for (const RowStream& dst : w.recvs) {
+    if (dst.bytes() == 0) continue;
+    DevCopyTask t;
+    FUSCO_CHECK(
+        copyTask(RowStream::flat(recv.mapped + b.recvBytes, dst.bytes()), dst, op.name, &t));
+    out->b.push_back(t);
+    b.recvBytes += aligned(dst.bytes());
+  }
+  return fuscoSuccess;
+}
+
 fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairHeader>& theirs,
                           const std::vector<bool>& moves, const DeviceOffers& offers,
                           DeviceTasks* out) {
   const int n = c.nranks(), me = c.rank();
   if (op.pullRun) return pullBases(c, op, theirs, moves, out);
+  NetBridge* bridge = c.bridge();
+  if (bridge != nullptr) out->bridged.assign(n, {});
   // a: one pass over every message, source rows straight into the final (or staged) rows.
   for (int p = 0; p < n; ++p) {
     if (!moves[p]) continue;
+    if (bridge != nullptr && bridge->remote(p)) {
+      FUSCO_CHECK(bridgeTasks(c, op, p, out));
+      continue;
+    }
     const PeerWork& w = op.peers[p];
     for (size_t m = 0; m < w.sends.size(); ++m) {
       const RowStream& src = w.sends[m];

@@ -30,9 +30,20 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
 // rows into final or staged rows), `b` once every sender's data is in place (staged rows into
 // final rows); a pull operation has `bases` instead (one per peer, this rank's own for itself,
 // nullptr: no message). ready: the tasks were built (pairs that disagree have none).
+// Peers on other nodes (net_bridge.h): `a` gathers this rank's rows for such a peer into the
+// bridge's send area and `b` scatters the peer's rows from its receive area; shipped[p] and
+// landed[p] are the bytes each holds for this operation (host addresses), which the bridge ships
+// after the stream's done post and expects before the peer's.
 struct DeviceTasks {
   std::vector<DevCopyTask> a, b;
   std::vector<const char*> bases;
+  struct Bridged {
+    const char* send = nullptr;
+    size_t sendBytes = 0;
+    char* recv = nullptr;
+    size_t recvBytes = 0;
+  };
+  std::vector<Bridged> bridged;  // [peer], empty without a bridge
   bool ready = false;
 };
 

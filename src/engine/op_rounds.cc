@@ -114,11 +114,11 @@ fuscoResult_t OpRunner::headerRound() {
         const void* buf;
         size_t len;
         uint32_t tag;
-        FUSCO_CHECK(pc.ops->recvPoll(pc.tc, p, &buf, &len, &tag));
+        FUSCO_CHECK(c_.pollPeer(p, &buf, &len, &tag));
         if (buf != nullptr) {
           if (tag != kTagHeader || !decodeHeader(buf, len, &theirs_[p]))
             return protocolError(p, "an unexpected message instead of a call header");
-          FUSCO_CHECK(pc.ops->recvRelease(pc.tc, p));
+          FUSCO_CHECK(c_.releasePeer(p));
           rc_[p].headerSeen = *progressed = true;
         }
       }
@@ -253,11 +253,11 @@ fuscoResult_t OpRunner::verdictRound(Verdict* first) {
         const void* buf;
         size_t len;
         uint32_t tag;
-        FUSCO_CHECK(pc.ops->recvPoll(pc.tc, p, &buf, &len, &tag));
+        FUSCO_CHECK(c_.pollPeer(p, &buf, &len, &tag));
         if (buf != nullptr) {
           if (tag != kTagVerdict || !decodeVerdict(buf, len, &verdicts_[p]))
             return protocolError(p, "an unexpected message instead of a verdict");
-          FUSCO_CHECK(pc.ops->recvRelease(pc.tc, p));
+          FUSCO_CHECK(c_.releasePeer(p));
           rc_[p].verdictSeen = *progressed = true;
         }
       }

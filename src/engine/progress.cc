@@ -93,6 +93,23 @@ void Progress::setIdleCheck(std::function<void()> check) {
   cv_.notify_all();
 }
 
+void Progress::setPump(std::function<bool()> pump) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    pump_ = std::move(pump);
+  }
+  cv_.notify_all();
+}
+
+bool Progress::pumpStep(std::unique_lock<std::mutex>& lk) {
+  if (!pump_) return false;
+  std::function<bool()> pump = pump_;
+  lk.unlock();
+  const bool busy = pump();
+  lk.lock();
+  return busy;
+}
+
 void Progress::release(fuscoResult_t r, const std::string& why) {
   std::lock_guard<std::mutex> g(mu_);
   releaseAll(r, why);
@@ -183,7 +200,7 @@ void Progress::watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive) {
 void Progress::run() {
   if (onStart_) onStart_();
   std::unique_lock<std::mutex> lk(mu_);
-  int64_t lastLive = nowNs();
+  int64_t lastLive = nowNs(), stopAt = 0;
   for (;;) {
     if (!jobs_.empty()) {
       std::function<void()> job = std::move(jobs_.front());
@@ -203,14 +220,17 @@ void Progress::run() {
       lastProgress_ = nowNs();
       continue;
     }
-    if (stop_) break;
-    if (waits_.empty()) {
+    const bool busy = pumpStep(lk);
+    if (stop_ && stopAt == 0) stopAt = nowNs();
+    if (stop_ && (!busy || nowNs() - stopAt >= timeoutNs_)) break;
+    if (waits_.empty() && !busy && !stop_) {
       idleStep(lk);
       continue;
     }
     watchStep(lk, &lastLive);
-    // Poll quickly while waits are young (a flag write needs no syscall to see).
-    cv_.wait_for(lk, std::chrono::microseconds(waits_.empty() ? 0 : 200));
+    // Poll quickly while waits are young (a flag write needs no syscall to see), and more quickly
+    // while a bridge moves posts and rows for its peers.
+    cv_.wait_for(lk, std::chrono::microseconds(pump_ ? 20 : waits_.empty() ? 0 : 200));
   }
 }
 

@@ -57,6 +57,10 @@ class Progress {
   // From now on the idle thread wakes every liveness period and runs `check` (a comm with
   // captured operations looks at its peers; progress.h's waits do not cover graph replays).
   void setIdleCheck(std::function<void()> check);
+  // From now on the thread runs `pump` whenever it has no job to run, and polls while it returns
+  // true (the network bridge still owes a peer something, net_bridge.h). At destruction the thread
+  // keeps pumping until it returns false, for at most the comm's timeout.
+  void setPump(std::function<bool()> pump);
 
  private:
   struct Wait {
@@ -71,12 +75,14 @@ class Progress {
   void releaseAll(fuscoResult_t r, const std::string& why);
   void releaseLocked();
   void idleStep(std::unique_lock<std::mutex>& lk);
+  bool pumpStep(std::unique_lock<std::mutex>& lk);
 
   const int64_t timeoutNs_, livenessNs_;
   std::function<fuscoResult_t(int)> checkPeer_;
   std::function<void(fuscoResult_t, const std::string&)> fail_;
   std::function<void()> onStart_;
   std::function<void()> idleCheck_;
+  std::function<bool()> pump_;
   mutable std::mutex mu_;
   std::condition_variable cv_, doneCv_;
   std::deque<std::function<void()>> jobs_;

@@ -1,0 +1,95 @@
+#include "engine/bridge_ledger.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace fusco {
+
+namespace {
+
+// Posts are counters that wrap: a is ahead of b.
+bool ahead(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
+
+}  // namespace
+
+void BridgeLedger::expect(Shipment s, Landing l) {
+  shipments_.push_back({s, 0});
+  landings_.push_back({l, 0});
+}
+
+BridgeLedger::Step BridgeLedger::next(uint32_t readyPosted, uint32_t donePosted,
+                                      size_t slotBytes) const {
+  Step st;
+  if (ahead(readyPosted, readySent_)) {
+    st.kind = Kind::Ready;
+    st.value = readyPosted;
+    return st;
+  }
+  if (!ahead(donePosted, doneSent_) || shipments_.empty()) return st;
+  const Cursor& c = shipments_.front();
+  if (c.off < c.s.bytes) {
+    st.kind = Kind::Slice;
+    st.data = c.s.data + c.off;
+    st.bytes = std::min(slotBytes, c.s.bytes - c.off);
+    return st;
+  }
+  st.kind = Kind::Done;
+  st.value = doneSent_ + 1;
+  return st;
+}
+
+void BridgeLedger::sent(const Step& s) {
+  switch (s.kind) {
+    case Kind::Ready:
+      readySent_ = s.value;
+      break;
+    case Kind::Slice:
+      shipments_.front().off += s.bytes;
+      break;
+    case Kind::Done:
+      doneSent_ = s.value;
+      shipments_.pop_front();
+      break;
+    case Kind::None:
+      break;
+  }
+}
+
+bool BridgeLedger::owes(uint32_t readyPosted, uint32_t donePosted) const {
+  (void)donePosted;  // a post without a registered shipment is not due (see next)
+  return ahead(readyPosted, readySent_) || !shipments_.empty();
+}
+
+bool BridgeLedger::onSlice(const void* buf, size_t len, std::string* why) {
+  if (landings_.empty()) {
+    *why = "rows for an operation this rank has not resolved";
+    return false;
+  }
+  Open& o = landings_.front();
+  if (len == 0 || len > o.l.bytes - o.landed) {
+    *why = "a slice of " + std::to_string(len) + " bytes where " +
+           std::to_string(o.l.bytes - o.landed) + " of " + std::to_string(o.l.bytes) +
+           " remained";
+    return false;
+  }
+  std::memcpy(o.l.data + o.landed, buf, len);
+  o.landed += len;
+  return true;
+}
+
+bool BridgeLedger::onDone(uint32_t value, std::string* why) {
+  if (landings_.empty()) {
+    *why = "a done post (" + std::to_string(value) + ") for an operation this rank has not resolved";
+    return false;
+  }
+  const Open& o = landings_.front();
+  if (o.landed != o.l.bytes) {
+    *why = "a done post after " + std::to_string(o.landed) + " of " + std::to_string(o.l.bytes) +
+           " bytes";
+    return false;
+  }
+  landings_.pop_front();
+  return true;
+}
+
+}  // namespace fusco
