@@ -89,7 +89,18 @@ const int64_t* routingOnHost(MoeHandle& h, const int64_t* topkIdx, void* stream,
 // What a plan keeps of its config: the dedup mode, the balancer mode and the shape.
 void configure(const fuscoMoeConfig_t* config, ArgCheck* a, MoeHandle* h) {
   if (!a->ok()) return;
-  h->dedup = chooseDedup(config->dedup, h->comm->nodes().numNodes);
+  const Communicator& c = *h->comm;
+  // A CUDA comm across nodes moves rows through its network bridge with dedup NONE or RANK
+  // (AUTO picks RANK); NODE's forwarders run on host comms only.
+  const bool deviceNodes = c.memType() == fuscoMemCuda && c.nodes().numNodes > 1;
+  if (deviceNodes && config->dedup == FUSCO_DEDUP_NODE) {
+    a->fail(
+        "%s: dedup NODE (forwarders) is not available on a fuscoMemCuda communicator across "
+        "nodes; use FUSCO_DEDUP_RANK or FUSCO_DEDUP_NONE",
+        h->names->call);
+    return;
+  }
+  h->dedup = chooseDedup(config->dedup, deviceNodes ? 1 : c.nodes().numNodes);
   h->node.balance = balanceMode(config->balance);
   if (buildMoeShape(h->comm->nranks(), config->numExperts, config->expertToRank,
                     config->expertAlignment, &h->shape) != fuscoSuccess)
