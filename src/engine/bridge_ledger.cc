@@ -12,8 +12,8 @@ bool ahead(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
 
 }  // namespace
 
-void BridgeLedger::expect(Shipment s, Landing l) {
-  shipments_.push_back({s, 0});
+void BridgeLedger::expect(Shipment s, Landing l, bool posted) {
+  shipments_.push_back({s, 0, posted});
   landings_.push_back({l, 0});
 }
 
@@ -25,8 +25,9 @@ BridgeLedger::Step BridgeLedger::next(uint32_t readyPosted, uint32_t donePosted,
     st.value = readyPosted;
     return st;
   }
-  if (!ahead(donePosted, doneSent_) || shipments_.empty()) return st;
+  if (shipments_.empty()) return st;
   const Cursor& c = shipments_.front();
+  if (c.posted && !ahead(donePosted, doneSent_)) return st;
   if (c.off < c.s.bytes) {
     st.kind = Kind::Slice;
     st.data = c.s.data + c.off;
@@ -68,8 +69,7 @@ bool BridgeLedger::onSlice(const void* buf, size_t len, std::string* why) {
   Open& o = landings_.front();
   if (len == 0 || len > o.l.bytes - o.landed) {
     *why = "a slice of " + std::to_string(len) + " bytes where " +
-           std::to_string(o.l.bytes - o.landed) + " of " + std::to_string(o.l.bytes) +
-           " remained";
+           std::to_string(o.l.bytes - o.landed) + " of " + std::to_string(o.l.bytes) + " remained";
     return false;
   }
   std::memcpy(o.l.data + o.landed, buf, len);
@@ -79,7 +79,8 @@ bool BridgeLedger::onSlice(const void* buf, size_t len, std::string* why) {
 
 bool BridgeLedger::onDone(uint32_t value, std::string* why) {
   if (landings_.empty()) {
-    *why = "a done post (" + std::to_string(value) + ") for an operation this rank has not resolved";
+    *why =
+        "a done post (" + std::to_string(value) + ") for an operation this rank has not resolved";
     return false;
   }
   const Open& o = landings_.front();

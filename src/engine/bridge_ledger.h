@@ -37,8 +37,10 @@ class BridgeLedger {
   };
 
   // One operation the pair shares: this rank ships `s` after its stream's next done post, and the
-  // peer's next done lands in `l`.
-  void expect(Shipment s, Landing l);
+  // peer's next done lands in `l`. posted false: the stream never posts this operation's done on
+  // the bridge's words (a captured operation, refused): its done goes out, empty, once it is
+  // first in line, so the counters of both sides stay paired.
+  void expect(Shipment s, Landing l, bool posted = true);
   // The next step, given the values of this rank's ready and done posts so far (the outbox words)
   // and the channel's slot size. Done posts beyond the registered shipments wait (none is due).
   Step next(uint32_t readyPosted, uint32_t donePosted, size_t slotBytes) const;
@@ -58,6 +60,7 @@ class BridgeLedger {
   struct Cursor {
     Shipment s;
     size_t off = 0;
+    bool posted = true;
   };
   std::deque<Cursor> shipments_;
   struct Open {

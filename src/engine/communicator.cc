@@ -296,8 +296,8 @@ fuscoResult_t Communicator::startAsync() {
 
 // The host twin's flags (DeviceFlags, kDeviceFlagKinds words per peer) in this rank's shm arena,
 // mapped by every peer of its node; peers on other nodes have the network bridge's (net_bridge.h).
-// Left empty (no twin) when a peer of the node cannot map this rank's memory: such comms keep the
-// host engine.
+// Left empty (no twin) on every rank when a pair of ranks of one node cannot map each other's
+// memory: such comms keep the host engine.
 fuscoResult_t Communicator::twinFlags() {
   const size_t bytes = static_cast<size_t>(kDeviceFlagKinds) * nranks_ * 64;
   void* own = nullptr;
@@ -311,14 +311,21 @@ fuscoResult_t Communicator::twinFlags() {
   std::vector<std::string> all;
   FUSCO_CHECK(bootstrap_->allGather(mappable ? std::to_string(token) : "-", &all));
   std::vector<char*> peers(nranks_, nullptr);
-  for (int p = 0; p < nranks_; ++p) {
+  bool ok = true;
+  for (int p = 0; p < nranks_ && ok; ++p) {
     if (p == rank_ || !nodes_.sameNode(rank_, p)) continue;
     const PeerConn& pc = conns_[p];
-    if (all[p] == "-" || pc.ops == nullptr || pc.ops->peerPointer == nullptr) return fuscoSuccess;
-    peers[p] = static_cast<char*>(
-        pc.ops->peerPointer(pc.tc, p, std::strtoull(all[p].c_str(), nullptr, 10), bytes));
-    if (peers[p] == nullptr) return fuscoSuccess;
+    ok = all[p] != "-" && pc.ops != nullptr && pc.ops->peerPointer != nullptr;
+    if (ok)
+      peers[p] = static_cast<char*>(
+          pc.ops->peerPointer(pc.tc, p, std::strtoull(all[p].c_str(), nullptr, 10), bytes));
+    ok = ok && peers[p] != nullptr;
   }
+  // Every rank runs the twin, or none does: a pair of a twin and a host engine cannot talk.
+  std::vector<std::string> agreed;
+  FUSCO_CHECK(bootstrap_->allGather(ok ? "1" : "0", &agreed));
+  for (const std::string& a : agreed)
+    if (a != "1") return fuscoSuccess;
   twinPeerFlags_ = std::move(peers);
   return fuscoSuccess;
 }
@@ -651,13 +658,17 @@ bool Communicator::pumpBridge() {
   stepTransports();  // what the bridge posted moves on (UCX sends complete in the background)
   // A broken or aborted comm owes its peers nothing more (their waits are released too).
   if (brokenResult() != fuscoSuccess || abortRequested()) return false;
-  bool busy = false;
-  const fuscoResult_t r = bridge_->pump(&busy);
-  if (r == fuscoSuccess) return busy;
+  bool busy = false, moved = false;
+  const fuscoResult_t r = bridge_->pump(&busy, &moved);
+  // progress_ is null while its destructor still pumps (teardown).
+  if (r == fuscoSuccess) {
+    if (moved && progress_) progress_->noteProgress();  // rows on the move are progress
+    return busy;
+  }
   const std::string why = threadLastError();
   FUSCO_WARN(kEngine, "%s", why.c_str());
   markBroken(r, why);
-  progress_->releaseWaits();
+  if (progress_) progress_->releaseWaits();
   return false;
 }
 

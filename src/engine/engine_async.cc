@@ -141,7 +141,8 @@ void expectBridged(Communicator& c, const Pending& pd, const DeviceTasks& t) {
     if (!pd.involved[p] || !bridge->remote(static_cast<int>(p))) continue;
     DeviceTasks::Bridged b;
     if (t.ready && p < t.bridged.size()) b = t.bridged[p];
-    bridge->expect(static_cast<int>(p), b.send, b.sendBytes, b.recv, b.recvBytes);
+    // A captured operation (refused across nodes) posts its graph words, never the bridge's.
+    bridge->expect(static_cast<int>(p), b.send, b.sendBytes, b.recv, b.recvBytes, !pd.op.captured);
   }
 }
 
@@ -306,12 +307,15 @@ void refuseBridged(Communicator& c, const std::vector<bool>& involved, Op* op) {
   for (size_t p = 0; p < involved.size(); ++p) {
     if (!involved[p] || !c.bridge()->remote(static_cast<int>(p))) continue;
     op->argStatus = fuscoInvalidUsage;
+    // Both sides of the pair run the push skeleton, with no tasks, so their flags stay paired.
+    const bool pull = static_cast<bool>(op->pullRun);
+    op->pullRun = nullptr;
     op->argError = std::string(op->name) + ": rank " + std::to_string(p) +
                    " is on another node, and " +
-                   (op->captured ? "calls with peers on other nodes cannot be captured into a "
-                                   "CUDA graph (the progress thread ships their rows)"
-                                 : "this call reads its peers' buffers in place, which a peer on "
-                                   "another node cannot offer");
+                   (!pull ? "calls with peers on other nodes cannot be captured into a "
+                            "CUDA graph (the progress thread ships their rows)"
+                          : "this call reads its peers' buffers in place, which a peer on "
+                            "another node cannot offer");
     return;
   }
 }

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "engine/communicator.h"
@@ -96,14 +97,14 @@ fuscoResult_t NetBridge::areas(int peer, size_t sendBytes, size_t recvBytes, Are
   return fuscoSuccess;
 }
 
-void NetBridge::expect(int peer, const char* send, size_t sendBytes, char* recv,
-                       size_t recvBytes) {
-  peers_[index_[peer]].ledger.expect({send, sendBytes}, {recv, recvBytes});
+void NetBridge::expect(int peer, const char* send, size_t sendBytes, char* recv, size_t recvBytes,
+                       bool posted) {
+  peers_[index_[peer]].ledger.expect({send, sendBytes}, {recv, recvBytes}, posted);
 }
 
 // This rank's posts to the peer, and the rows each done post ships first, as far as the channel
 // has slots.
-fuscoResult_t NetBridge::pumpOut(Peer& p, bool* busy) {
+fuscoResult_t NetBridge::pumpOut(Peer& p, bool* busy, bool* moved) {
   const PeerConn& pc = c_.conn(p.rank);
   for (int budget = c_.depth(); budget > 0; --budget) {
     const uint32_t ready = *postWord(p, 0), done = *postWord(p, 1);
@@ -124,6 +125,7 @@ fuscoResult_t NetBridge::pumpOut(Peer& p, bool* busy) {
       FUSCO_CHECK(pc.ops->sendPost(pc.tc, p.rank, kTagBridgePost, sizeof(w)));
     }
     p.ledger.sent(st);
+    *moved = true;
   }
   // Posted messages still in flight keep the thread polling too: they complete in the background.
   *busy = *busy || p.ledger.owes(*postWord(p, 0), *postWord(p, 1)) ||
@@ -159,7 +161,7 @@ fuscoResult_t NetBridge::onMessage(Peer& p, uint32_t tag, const void* buf, size_
 }
 
 // Everything the peer sent that has arrived: bridge messages are handled, the engine's are kept.
-fuscoResult_t NetBridge::pumpIn(Peer& p) {
+fuscoResult_t NetBridge::pumpIn(Peer& p, bool* moved) {
   const PeerConn& pc = c_.conn(p.rank);
   for (;;) {
     const void* buf = nullptr;
@@ -171,14 +173,24 @@ fuscoResult_t NetBridge::pumpIn(Peer& p) {
     FUSCO_CHECK(onMessage(p, tag, buf, len, &handled));
     if (!handled) p.kept.emplace_back(tag, std::string(static_cast<const char*>(buf), len));
     FUSCO_CHECK(pc.ops->recvRelease(pc.tc, p.rank));
+    *moved = true;
   }
 }
 
-fuscoResult_t NetBridge::pump(bool* busy) {
-  *busy = false;
+fuscoResult_t NetBridge::pump(bool* busy, bool* moved) {
+  *busy = *moved = false;
+  const int64_t now = nowNs();
+  const bool look = now - lastLive_ >= paramLivenessMs() * 1000000LL;
+  if (look) lastLive_ = now;
   for (Peer& p : peers_) {
-    FUSCO_CHECK(pumpOut(p, busy));
-    FUSCO_CHECK(pumpIn(p));
+    bool owes = false;
+    FUSCO_CHECK(pumpOut(p, &owes, moved));
+    FUSCO_CHECK(pumpIn(p, moved));
+    *busy = *busy || owes;
+    if (owes && look && c_.checkPeer(p.rank) != fuscoSuccess)
+      return FUSCO_FAIL(fuscoRemoteError, kEngine,
+                        "the network bridge still owed rank %d its posts or rows: %s", p.rank,
+                        threadLastError().c_str());
   }
   return fuscoSuccess;
 }

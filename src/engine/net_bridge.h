@@ -54,11 +54,14 @@ class NetBridge {
   fuscoResult_t areas(int peer, size_t sendBytes, size_t recvBytes, Area* send, Area* recv);
   // Registers the operation (every operation the pair shares, in order, before its GO): ship
   // `send` after the stream's next done post, land the peer's next rows in `recv`.
-  void expect(int peer, const char* send, size_t sendBytes, char* recv, size_t recvBytes);
+  // posted: BridgeLedger::expect.
+  void expect(int peer, const char* send, size_t sendBytes, char* recv, size_t recvBytes,
+              bool posted);
 
   // Moves what is due: posts and slices out, slices and posts in. *busy: this rank still owes a
-  // peer something (the progress thread keeps polling).
-  fuscoResult_t pump(bool* busy);
+  // peer something (the progress thread keeps polling); *moved: something went out or came in.
+  // Every FUSCO_LIVENESS_MS it checks the peers it owes (a dead peer's channel takes nothing).
+  fuscoResult_t pump(bool* busy, bool* moved);
   // The engine's view of a remote peer's channel (TransportOps::recvPoll / recvRelease).
   fuscoResult_t poll(int peer, const void** buf, size_t* len, uint32_t* tag);
   fuscoResult_t release(int peer);
@@ -80,8 +83,8 @@ class NetBridge {
   volatile uint32_t* waitWord(const Peer& p, int kind) const;
   volatile uint32_t* postWord(const Peer& p, int kind) const;
   fuscoResult_t grow(Buffer* b, size_t bytes);
-  fuscoResult_t pumpOut(Peer& p, bool* busy);
-  fuscoResult_t pumpIn(Peer& p);
+  fuscoResult_t pumpOut(Peer& p, bool* busy, bool* moved);
+  fuscoResult_t pumpIn(Peer& p, bool* moved);
   // A bridge message from the peer (tag, payload): *handled false when it is the engine's.
   fuscoResult_t onMessage(Peer& p, uint32_t tag, const void* buf, size_t len, bool* handled);
 
@@ -89,6 +92,7 @@ class NetBridge {
   std::vector<int> index_;  // per rank: its entry in peers_, -1 for ranks on this node
   std::vector<Peer> peers_;
   std::vector<char*> retired_;  // outgrown areas (host addresses), freed with the bridge
+  int64_t lastLive_ = 0;        // the last look at the peers owed something
 };
 
 }  // namespace fusco

@@ -101,6 +101,11 @@ void Progress::setPump(std::function<bool()> pump) {
   cv_.notify_all();
 }
 
+void Progress::noteProgress() {
+  std::lock_guard<std::mutex> g(mu_);
+  lastProgress_ = nowNs();
+}
+
 bool Progress::pumpStep(std::unique_lock<std::mutex>& lk) {
   if (!pump_) return false;
   std::function<bool()> pump = pump_;
@@ -218,6 +223,7 @@ void Progress::run() {
       lk.lock();
       // A finished job advanced the operations the streams wait for.
       lastProgress_ = nowNs();
+      pumpStep(lk);  // a long queue of jobs must not hold up what the bridge owes
       continue;
     }
     const bool busy = pumpStep(lk);

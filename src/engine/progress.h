@@ -61,6 +61,8 @@ class Progress {
   // true (the network bridge still owes a peer something, net_bridge.h). At destruction the thread
   // keeps pumping until it returns false, for at most the comm's timeout.
   void setPump(std::function<bool()> pump);
+  // Something moved for the streams' waits (the bridge's rows): the timeout starts again.
+  void noteProgress();
 
  private:
   struct Wait {

@@ -299,18 +299,25 @@ fuscoResult_t LayerRun::exchangeFanLists() {
 
 // The progress thread's wait for a capacity plan's summary (copied back by its stream), bounded
 // by the comm's timeout and its peers' liveness.
+// With peers on other nodes the earlier operations' posts move only while this thread pumps the
+// network bridge (engine/net_bridge.h), so the wait pumps it on every poll.
 fuscoResult_t waitSummary(MoeHandle& h) {
   Communicator& c = *h.comm;
-  auto alive = [&c]() -> fuscoResult_t {
+  const bool pump = c.bridge() != nullptr;
+  int64_t lastLive = nowNs();
+  auto alive = [&c, &lastLive, pump]() -> fuscoResult_t {
+    if (pump) c.progressTransports();
     if (c.brokenResult() != fuscoSuccess)
       return FUSCO_FAIL(c.brokenResult(), kPlan, "a capacity plan's summary: %s",
                         c.brokenMessage().c_str());
+    if (pump && nowNs() - lastLive < paramLivenessMs() * 1000000LL) return fuscoSuccess;
+    lastLive = nowNs();
     for (int p = 0; p < c.nranks(); ++p)
       if (p != c.rank()) FUSCO_CHECK(c.checkPeer(p));
     return fuscoSuccess;
   };
   return h.steps.summaryReady.waitWithin(c.timeoutMs(), "a capacity plan's stream work", alive,
-                                         paramLivenessMs());
+                                         pump ? 0 : paramLivenessMs());
 }
 
 // A capacity plan's last operation, once its summary is on the host (on the progress thread for

@@ -81,23 +81,20 @@ TEST_P(GpuNet, InitGivesTheNodesOfLocalSize) {
 TEST_P(GpuNet, AllToAllAndAllToAllvAreBitExactForEveryBufferKind) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runNetRanks(
-      GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
-        for (size_t count : {size_t{1}, size_t{1001}, size_t{300000}})
-          for (Mem m : kAllMems) {
-            auto u = makeA2avLayout(fusco::test::uniformCountMatrix(ctx.nranks, count),
-                                    ctx.nranks, ctx.rank, 4, seed, false);
-            EXPECT_TRUE(
-                gpuAllToAllChecked(comm, u, fuscoInt32, seed + count, m, m, true, stream.get()))
-                << "all-to-all, count " << count << ", " << memName(m);
-            auto v = makeA2avLayout(
-                fusco::test::randomCountMatrix(seed + count, ctx.nranks, count, 10), ctx.nranks,
-                ctx.rank, 2, seed + 2, true);
-            EXPECT_TRUE(gpuAllToAllChecked(comm, v, fuscoBfloat16, seed + 3, Mem::Cuda, m, false,
-                                           stream.get()))
-                << "all-to-all(v), up to " << count << ", " << memName(m);
-          }
-      });
+  runNetRanks(GetParam(), [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    for (size_t count : {size_t{1}, size_t{1001}, size_t{300000}})
+      for (Mem m : kAllMems) {
+        auto u = makeA2avLayout(fusco::test::uniformCountMatrix(ctx.nranks, count), ctx.nranks,
+                                ctx.rank, 4, seed, false);
+        EXPECT_TRUE(gpuAllToAllChecked(comm, u, fuscoInt32, seed + count, m, m, true, stream.get()))
+            << "all-to-all, count " << count << ", " << memName(m);
+        auto v = makeA2avLayout(fusco::test::randomCountMatrix(seed + count, ctx.nranks, count, 10),
+                                ctx.nranks, ctx.rank, 2, seed + 2, true);
+        EXPECT_TRUE(
+            gpuAllToAllChecked(comm, v, fuscoBfloat16, seed + 3, Mem::Cuda, m, false, stream.get()))
+            << "all-to-all(v), up to " << count << ", " << memName(m);
+      }
+  });
 }
 
 // MoE dispatch with dedup NONE, RANK and AUTO (RANK across nodes on a CUDA comm): the receive
@@ -106,29 +103,28 @@ TEST_P(GpuNet, MoeDispatchMatchesTheReferenceForNoneRankAndAuto) {
   FUSCO_GPU_REQUIRE();
   const Shape s = GetParam();
   const uint64_t seed = fusco::test::testSeed();
-  runNetRanks(
-      s, [&](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
-        fusco::test::MoeCase c;
-        c.nranks = s.nranks;
-        c.localSize = s.localSize;
-        c.numExperts = 4 * s.nranks;
-        c.topk = 4;
-        c.numTokens.assign(s.nranks, 0);
-        for (int r = 0; r < s.nranks; ++r) c.numTokens[r] = 200 + 37 * r;
-        const auto setup = fusco::test::makeCombine(c, seed, fuscoBfloat16, 512);
-        const size_t rowBytes = 512 * 2;
-        for (int dedup : {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK, FUSCO_DEDUP_AUTO}) {
-          fuscoMoeHandle_t h = nullptr;
-          ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, setup.p, setup.d, dedup, FUSCO_BALANCE_AUTO,
-                              stream.get(), &h))
-              << fusco::test::dedupName(dedup);
-          for (int round = 0; round < 2; ++round)
-            EXPECT_TRUE(gpuDispatch(comm, h, ctx.rank, setup.p, setup.d, setup.x, rowBytes,
-                                    Mem::Cuda, round ? Mem::Arena : Mem::Cuda, stream.get()))
-                << fusco::test::dedupName(dedup) << " round " << round;
-          FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
-        }
-      });
+  runNetRanks(s, [&](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    fusco::test::MoeCase c;
+    c.nranks = s.nranks;
+    c.localSize = s.localSize;
+    c.numExperts = 4 * s.nranks;
+    c.topk = 4;
+    c.numTokens.assign(s.nranks, 0);
+    for (int r = 0; r < s.nranks; ++r) c.numTokens[r] = 200 + 37 * r;
+    const auto setup = fusco::test::makeCombine(c, seed, fuscoBfloat16, 512);
+    const size_t rowBytes = 512 * 2;
+    for (int dedup : {FUSCO_DEDUP_NONE, FUSCO_DEDUP_RANK, FUSCO_DEDUP_AUTO}) {
+      fuscoMoeHandle_t h = nullptr;
+      ASSERT_TRUE(
+          gpuPlan(comm, ctx.rank, c, setup.p, setup.d, dedup, FUSCO_BALANCE_AUTO, stream.get(), &h))
+          << fusco::test::dedupName(dedup);
+      for (int round = 0; round < 2; ++round)
+        EXPECT_TRUE(gpuDispatch(comm, h, ctx.rank, setup.p, setup.d, setup.x, rowBytes, Mem::Cuda,
+                                round ? Mem::Arena : Mem::Cuda, stream.get()))
+            << fusco::test::dedupName(dedup) << " round " << round;
+      FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuNet, kShapes, shapeName);
@@ -139,44 +135,43 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuNet, kShapes, shapeName);
 TEST(GpuNetRefused, NodeDedupCombineAndCaptureAreRefusedWithAMessage) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
-  runNetRanks(
-      {4, 2}, [&](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
-        fusco::test::MoeCase c;
-        c.nranks = 4;
-        c.localSize = 2;
-        c.numTokens = {64, 64, 64, 64};
-        const auto setup = fusco::test::makeCombine(c, seed, fuscoBfloat16, 256);
-        fuscoMoeHandle_t h = nullptr;
-        EXPECT_FALSE(gpuPlan(comm, ctx.rank, c, setup.p, setup.d, FUSCO_DEDUP_NODE,
-                             FUSCO_BALANCE_AUTO, stream.get(), &h));
-        EXPECT_NE(std::string(fuscoGetLastError(comm)).find("dedup NODE"), std::string::npos)
-            << fuscoGetLastError(comm);
-        ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, setup.p, setup.d, FUSCO_DEDUP_RANK,
-                            FUSCO_BALANCE_AUTO, stream.get(), &h));
-        MoeRankBufs b = moeRankBufs(comm, setup, ctx.rank);
-        const fuscoResult_t r = fuscoMoeCombine(h, b.expertOut.get(), fuscoBfloat16, 256,
-                                                static_cast<const float*>(b.weights.get()),
-                                                b.out.get(), stream.api());
-        EXPECT_EQ(r, fuscoInvalidUsage) << fuscoGetErrorString(r);
-        EXPECT_NE(std::string(fuscoGetLastError(comm)).find("another node"), std::string::npos)
-            << fuscoGetLastError(comm);
-        CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
-        FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
-        // Capture: refused; the capture is ended and the comm still moves data.
-        DevBuf send = poisonedBuf(comm, 4 * 64), recv = poisonedBuf(comm, 4 * 64);
-        CUDA_ASSERT_OK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-        const fuscoResult_t g =
-            fuscoAllToAll(send.get(), recv.get(), 16, fuscoInt32, comm, stream.api());
-        cudaGraph_t graph = nullptr;
-        cudaStreamEndCapture(stream.get(), &graph);
-        if (graph != nullptr) cudaGraphDestroy(graph);
-        EXPECT_EQ(g, fuscoInvalidUsage) << fuscoGetErrorString(g);
-        EXPECT_NE(std::string(fuscoGetLastError(comm)).find("CUDA graph"), std::string::npos)
-            << fuscoGetLastError(comm);
-        auto l = makeA2avLayout(fusco::test::uniformCountMatrix(4, 99), 4, ctx.rank, 4, 5, false);
-        EXPECT_TRUE(
-            gpuAllToAllChecked(comm, l, fuscoInt32, 5, Mem::Cuda, Mem::Cuda, true, stream.get()));
-      });
+  runNetRanks({4, 2}, [&](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    fusco::test::MoeCase c;
+    c.nranks = 4;
+    c.localSize = 2;
+    c.numTokens = {64, 64, 64, 64};
+    const auto setup = fusco::test::makeCombine(c, seed, fuscoBfloat16, 256);
+    fuscoMoeHandle_t h = nullptr;
+    EXPECT_FALSE(gpuPlan(comm, ctx.rank, c, setup.p, setup.d, FUSCO_DEDUP_NODE, FUSCO_BALANCE_AUTO,
+                         stream.get(), &h));
+    EXPECT_NE(std::string(fuscoGetLastError(comm)).find("dedup NODE"), std::string::npos)
+        << fuscoGetLastError(comm);
+    ASSERT_TRUE(gpuPlan(comm, ctx.rank, c, setup.p, setup.d, FUSCO_DEDUP_RANK, FUSCO_BALANCE_AUTO,
+                        stream.get(), &h));
+    MoeRankBufs b = moeRankBufs(comm, setup, ctx.rank);
+    const fuscoResult_t r =
+        fuscoMoeCombine(h, b.expertOut.get(), fuscoBfloat16, 256,
+                        static_cast<const float*>(b.weights.get()), b.out.get(), stream.api());
+    EXPECT_EQ(r, fuscoInvalidUsage) << fuscoGetErrorString(r);
+    EXPECT_NE(std::string(fuscoGetLastError(comm)).find("another node"), std::string::npos)
+        << fuscoGetLastError(comm);
+    CUDA_EXPECT_OK(cudaStreamSynchronize(stream.get()));
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+    // Capture: refused; the capture is ended and the comm still moves data.
+    DevBuf send = poisonedBuf(comm, 4 * 64), recv = poisonedBuf(comm, 4 * 64);
+    CUDA_ASSERT_OK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+    const fuscoResult_t g =
+        fuscoAllToAll(send.get(), recv.get(), 16, fuscoInt32, comm, stream.api());
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream.get(), &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    EXPECT_EQ(g, fuscoInvalidUsage) << fuscoGetErrorString(g);
+    EXPECT_NE(std::string(fuscoGetLastError(comm)).find("CUDA graph"), std::string::npos)
+        << fuscoGetLastError(comm);
+    auto l = makeA2avLayout(fusco::test::uniformCountMatrix(4, 99), 4, ctx.rank, 4, 5, false);
+    EXPECT_TRUE(
+        gpuAllToAllChecked(comm, l, fuscoInt32, 5, Mem::Cuda, Mem::Cuda, true, stream.get()));
+  });
 }
 
 // A rank of the other node killed before a large all-to-all: every survivor's stream finishes
@@ -241,12 +236,11 @@ TEST(GpuNetGdr, ForcedGpuDirectWithoutItFailsInitSayingWhy) {
       },
       gpuOptions());
   setenv("FUSCO_NET_GDR", "0", 1);
-  runNetRanks(
-      {2, 1}, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
-        auto l = makeA2avLayout(fusco::test::uniformCountMatrix(2, 4096), 2, ctx.rank, 4, 8, false);
-        EXPECT_TRUE(
-            gpuAllToAllChecked(comm, l, fuscoInt32, 8, Mem::Cuda, Mem::Cuda, true, stream.get()));
-      });
+  runNetRanks({2, 1}, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    auto l = makeA2avLayout(fusco::test::uniformCountMatrix(2, 4096), 2, ctx.rank, 4, 8, false);
+    EXPECT_TRUE(
+        gpuAllToAllChecked(comm, l, fuscoInt32, 8, Mem::Cuda, Mem::Cuda, true, stream.get()));
+  });
   unsetenv("FUSCO_NET_GDR");
 }
 

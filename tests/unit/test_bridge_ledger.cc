@@ -82,6 +82,30 @@ TEST(BridgeLedger, ADonePostWithoutARegisteredOperationWaits) {
   EXPECT_EQ(l.next(0, 1, 64).kind, Kind::None);
 }
 
+// An operation whose stream never posts on the bridge's words (a refused captured call) ships its
+// empty done once it is first in line; the next operation's post, which counted it, then ships
+// that operation's own done with the value the receiver's stream waits for.
+TEST(BridgeLedger, AnOperationThatNeverPostsKeepsTheCountersPaired) {
+  BridgeLedger l;
+  const std::vector<char> rows = seeded(3, 4);
+  l.expect({nullptr, 0}, {nullptr, 0}, false);
+  l.expect({rows.data(), rows.size()}, {nullptr, 0});
+  BridgeLedger::Step d = l.next(0, 0, 64);
+  ASSERT_EQ(d.kind, Kind::Done) << "nothing is posted for it: its done goes at once";
+  EXPECT_EQ(d.value, 1u);
+  l.sent(d);
+  EXPECT_TRUE(l.owes(0, 0)) << "the second operation is still owed";
+  EXPECT_EQ(l.next(0, 1, 64).kind, Kind::None) << "post 1 was the unposted operation's number";
+  BridgeLedger::Step s = l.next(0, 2, 64);
+  ASSERT_EQ(s.kind, Kind::Slice);
+  l.sent(s);
+  d = l.next(0, 2, 64);
+  ASSERT_EQ(d.kind, Kind::Done);
+  EXPECT_EQ(d.value, 2u);
+  l.sent(d);
+  EXPECT_FALSE(l.owes(0, 2));
+}
+
 TEST(BridgeLedger, ReadyGoesBeforeRowsAndOperationsKeepTheirOrder) {
   BridgeLedger l;
   const std::vector<char> a = seeded(10, 2), b = seeded(5, 3);
@@ -89,8 +113,8 @@ TEST(BridgeLedger, ReadyGoesBeforeRowsAndOperationsKeepTheirOrder) {
   l.expect({b.data(), b.size()}, {nullptr, 0});
   std::vector<std::pair<Kind, std::string>> out;
   for (BridgeLedger::Step s = l.next(2, 2, 8); s.kind != Kind::None; s = l.next(2, 2, 8)) {
-    out.emplace_back(s.kind, s.kind == Kind::Slice ? std::string(s.data, s.bytes)
-                                                   : std::to_string(s.value));
+    out.emplace_back(
+        s.kind, s.kind == Kind::Slice ? std::string(s.data, s.bytes) : std::to_string(s.value));
     l.sent(s);
   }
   const std::vector<std::pair<Kind, std::string>> want = {
@@ -156,14 +180,18 @@ TEST(BridgeLedger, APairJoinedByAFewSlotsMovesEveryOperationExactly) {
     if (stopped) {
       EXPECT_LE(wire.size(), slots) << "nothing beyond the channel's credits went out";
       if (round == 1500) stopped = false;
-      if (round == 1499) EXPECT_TRUE(tx.owes(ready, done)) << "the sender still owes the rest";
+      if (round == 1499) {
+        EXPECT_TRUE(tx.owes(ready, done)) << "the sender still owes the rest";
+      }
       continue;
     }
     while (!wire.empty()) {
       const BridgeLedger::Step s = wire.front();
       wire.pop_front();
       std::string why;
-      if (s.kind == Kind::Slice) ASSERT_TRUE(rx.onSlice(s.data, s.bytes, &why)) << why;
+      if (s.kind == Kind::Slice) {
+        ASSERT_TRUE(rx.onSlice(s.data, s.bytes, &why)) << why;
+      }
       if (s.kind == Kind::Done) {
         ASSERT_TRUE(rx.onDone(s.value, &why)) << why;
         EXPECT_EQ(s.value, ++rxDone);

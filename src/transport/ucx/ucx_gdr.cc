@@ -14,8 +14,8 @@ FUSCO_PARAM_STRING(NetGdr, "FUSCO_NET_GDR", "auto",
 fuscoResult_t chooseNetPath(const std::string& setting, size_t cudaRails, size_t rails,
                             std::string* path) {
   if (setting != "auto" && setting != "0" && setting != "1")
-    return FUSCO_FAIL(fuscoInvalidArgument, kInit,
-                      "FUSCO_NET_GDR=%s: expected auto, 0 or 1", setting.c_str());
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit, "FUSCO_NET_GDR=%s: expected auto, 0 or 1",
+                      setting.c_str());
   const bool ucxCuda = rails > 0 && cudaRails == rails;
   const std::string ucxSays =
       ucxCuda ? "UCX reports CUDA memory on every rail"
@@ -23,8 +23,9 @@ fuscoResult_t chooseNetPath(const std::string& setting, size_t cudaRails, size_t
                     std::to_string(rails) + " rail(s) (built without CUDA transports?)";
   if (setting == "1") {
     const std::string why =
-        ucxCuda ? ucxSays + ", but this version of fusco moves device rows across nodes only "
-                            "through pinned host staging (no GPUDirect data path)"
+        ucxCuda ? ucxSays +
+                      ", but this version of fusco moves device rows across nodes only "
+                      "through pinned host staging (no GPUDirect data path)"
                 : ucxSays;
     return FUSCO_FAIL(fuscoInvalidUsage, kInit, "FUSCO_NET_GDR=1: GPUDirect is impossible here: %s",
                       why.c_str());
