@@ -3,14 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/seq_compare.h"
+
 namespace fusco {
-
-namespace {
-
-// Posts are counters that wrap: a is ahead of b.
-bool ahead(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
-
-}  // namespace
 
 void BridgeLedger::expect(Shipment s, Landing l, bool posted) {
   shipments_.push_back({s, 0, posted});
@@ -20,14 +15,14 @@ void BridgeLedger::expect(Shipment s, Landing l, bool posted) {
 BridgeLedger::Step BridgeLedger::next(uint32_t readyPosted, uint32_t donePosted,
                                       size_t slotBytes) const {
   Step st;
-  if (ahead(readyPosted, readySent_)) {
+  if (seqAfter(readyPosted, readySent_)) {
     st.kind = Kind::Ready;
     st.value = readyPosted;
     return st;
   }
   if (shipments_.empty()) return st;
   const Cursor& c = shipments_.front();
-  if (c.posted && !ahead(donePosted, doneSent_)) return st;
+  if (c.posted && !seqAfter(donePosted, doneSent_)) return st;
   if (c.off < c.s.bytes) {
     st.kind = Kind::Slice;
     st.data = c.s.data + c.off;
@@ -58,7 +53,7 @@ void BridgeLedger::sent(const Step& s) {
 
 bool BridgeLedger::owes(uint32_t readyPosted, uint32_t donePosted) const {
   (void)donePosted;  // a post without a registered shipment is not due (see next)
-  return ahead(readyPosted, readySent_) || !shipments_.empty();
+  return seqAfter(readyPosted, readySent_) || !shipments_.empty();
 }
 
 bool BridgeLedger::onSlice(const void* buf, size_t len, std::string* why) {

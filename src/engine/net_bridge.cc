@@ -6,6 +6,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/result.h"
+#include "core/seq_compare.h"
 #include "engine/communicator.h"
 #include "engine/engine_wire.h"
 #include "engine/stream_ops.h"
@@ -24,16 +25,12 @@ struct PostWire {
   uint32_t value;
 };
 
-// The counter `value` is newer than what the word holds (posts only grow; released words may be
-// ahead already).
-bool newer(uint32_t value, uint32_t word) { return static_cast<int32_t>(value - word) > 0; }
-
 }  // namespace
 
 NetBridge::~NetBridge() {
   StreamOps* ops = c_.streamOps();
   for (Peer& p : peers_) {
-    ops->freeMapped(p.wordsHost);
+    if (p.wordsHost != nullptr) ops->freeMapped(p.wordsHost);  // init may have failed on it
     if (p.send.host != nullptr) ops->freeMapped(p.send.host);
     if (p.recv.host != nullptr) ops->freeMapped(p.recv.host);
   }
@@ -143,13 +140,12 @@ fuscoResult_t NetBridge::onMessage(Peer& p, uint32_t tag, const void* buf, size_
     ok = p.ledger.onSlice(buf, len, &why);
   } else {
     PostWire w{};
-    ok = len == sizeof(w) && w.kind <= 1;
-    if (ok) std::memcpy(&w, buf, sizeof(w));
-    ok = ok && w.kind <= 1 && (w.kind == 0 || p.ledger.onDone(w.value, &why));
+    if (len == sizeof(w)) std::memcpy(&w, buf, sizeof(w));
+    ok = len == sizeof(w) && w.kind <= 1 && (w.kind == 0 || p.ledger.onDone(w.value, &why));
     if (ok) {
       std::atomic_thread_fence(std::memory_order_release);  // the landed rows before the word
       volatile uint32_t* word = waitWord(p, static_cast<int>(w.kind));
-      if (newer(w.value, *word)) *word = w.value;
+      if (seqAfter(w.value, *word)) *word = w.value;  // released words may be ahead already
     } else if (why.empty()) {
       why = "a malformed post";
     }

@@ -7,14 +7,9 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/result.h"
+#include "core/seq_compare.h"
 
 namespace fusco {
-
-namespace {
-bool reached(uint32_t value, uint32_t expected) {
-  return static_cast<int32_t>(value - expected) >= 0;
-}
-}  // namespace
 
 Progress::Progress(int64_t timeoutMs, int64_t livenessMs,
                    std::function<fuscoResult_t(int)> checkPeer,
@@ -123,7 +118,7 @@ void Progress::release(fuscoResult_t r, const std::string& why) {
 bool Progress::sweep() {
   size_t before = waits_.size();
   waits_.erase(std::remove_if(waits_.begin(), waits_.end(),
-                              [](const Wait& w) { return reached(*w.flag, w.expected); }),
+                              [](const Wait& w) { return seqReached(*w.flag, w.expected); }),
                waits_.end());
   return waits_.size() != before;
 }
@@ -131,12 +126,12 @@ bool Progress::sweep() {
 void Progress::releaseLocked() {
   released_ = true;
   for (const Wait& w : waits_) {
-    if (!reached(*w.flag, w.expected)) *w.flag = w.expected;
+    if (!seqReached(*w.flag, w.expected)) *w.flag = w.expected;
     releasedWaits_.push_back(w);
   }
   waits_.clear();
   for (const Wait& w : releasedWaits_)
-    if (!reached(*w.flag, w.expected)) *w.flag = w.expected;
+    if (!seqReached(*w.flag, w.expected)) *w.flag = w.expected;
 }
 
 void Progress::releaseAll(fuscoResult_t r, const std::string& why) {

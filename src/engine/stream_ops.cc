@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
+#include "core/seq_compare.h"
 
 namespace fusco {
 
@@ -81,8 +82,7 @@ void runTask(const DevCopyTask& t) {
 }
 
 bool reached(const void* addr, uint32_t value) {
-  const uint32_t v = *static_cast<const volatile uint32_t*>(addr);
-  return static_cast<int32_t>(v - value) >= 0;
+  return seqReached(*static_cast<const volatile uint32_t*>(addr), value);
 }
 
 // The stream: a thread running its items in order; an item returns false while it must wait.
