@@ -299,25 +299,23 @@ fuscoResult_t LayerRun::exchangeFanLists() {
 
 // The progress thread's wait for a capacity plan's summary (copied back by its stream), bounded
 // by the comm's timeout and its peers' liveness.
-// With peers on other nodes the earlier operations' posts move only while this thread pumps the
-// network bridge (engine/net_bridge.h), so the wait pumps it on every poll.
+// It runs on the progress thread, so like every wait there it keeps the transports (and a network
+// bridge's posts, engine/net_bridge.h, which the earlier operations need) moving on every poll.
 fuscoResult_t waitSummary(MoeHandle& h) {
   Communicator& c = *h.comm;
-  const bool pump = c.bridge() != nullptr;
   int64_t lastLive = nowNs();
-  auto alive = [&c, &lastLive, pump]() -> fuscoResult_t {
-    if (pump) c.progressTransports();
+  auto alive = [&c, &lastLive]() -> fuscoResult_t {
+    c.progressTransports();
     if (c.brokenResult() != fuscoSuccess)
       return FUSCO_FAIL(c.brokenResult(), kPlan, "a capacity plan's summary: %s",
                         c.brokenMessage().c_str());
-    if (pump && nowNs() - lastLive < paramLivenessMs() * 1000000LL) return fuscoSuccess;
+    if (nowNs() - lastLive < paramLivenessMs() * 1000000LL) return fuscoSuccess;
     lastLive = nowNs();
     for (int p = 0; p < c.nranks(); ++p)
       if (p != c.rank()) FUSCO_CHECK(c.checkPeer(p));
     return fuscoSuccess;
   };
-  return h.steps.summaryReady.waitWithin(c.timeoutMs(), "a capacity plan's stream work", alive,
-                                         pump ? 0 : paramLivenessMs());
+  return h.steps.summaryReady.waitWithin(c.timeoutMs(), "a capacity plan's stream work", alive, 0);
 }
 
 // A capacity plan's last operation, once its summary is on the host (on the progress thread for
