@@ -4,7 +4,9 @@
 #include <chrono>
 #include <thread>
 
+#include "core/bootstrap.h"
 #include "core/clock.h"
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -128,17 +130,22 @@ fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes) {
 }
 
 fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr) {
+  FUSCO_CHECK(cudaGuardSetup("cudaMalloc"));
   FUSCO_CUDACHECK(cudaMalloc(ptr, bytes), kEngine);
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaFreeDevice(void* ptr) {
+  FUSCO_CHECK(cudaGuardSetup("cudaFree"));
   FUSCO_CUDACHECK(cudaFree(ptr), kEngine);
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaCopyToHostSync(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return fuscoSuccess;
+  // Planning on a caller's thread: earlier operations' waits drain first (a setup window).
+  CudaSetupWindow w;
+  FUSCO_CHECK(w.open(paramTimeoutMs(), "a synchronous copy to the host (planning)"));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   FUSCO_CUDACHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), kEngine);
   FUSCO_CUDACHECK(cudaStreamSynchronize(s), kEngine);
@@ -155,18 +162,21 @@ fuscoResult_t cudaCopyAsync(void* dst, const void* src, size_t bytes, void* stre
 
 fuscoResult_t cudaCopySync(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return fuscoSuccess;
+  FUSCO_CHECK(cudaGuardSetup("cudaMemcpy"));
   FUSCO_CUDACHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), kEngine);
   return fuscoSuccess;
 }
 
 fuscoResult_t cudaZeroSync(void* ptr, size_t bytes) {
   if (bytes == 0) return fuscoSuccess;
+  FUSCO_CHECK(cudaGuardSetup("cudaMemset + cudaDeviceSynchronize"));
   FUSCO_CUDACHECK(cudaMemset(ptr, 0, bytes), kEngine);
   FUSCO_CUDACHECK(cudaDeviceSynchronize(), kEngine);
   return fuscoSuccess;
 }
 
 void cudaDeviceSyncQuiet() {
+  if (cudaGuardSetup("cudaDeviceSynchronize") != fuscoSuccess) return;
   cudaDeviceSynchronize();
   cudaGetLastError();
 }
@@ -183,8 +193,9 @@ CudaRelaxedCapture::~CudaRelaxedCapture() {
 }
 
 fuscoResult_t cudaAllocMapped(size_t bytes, void** host, void** dev) {
-  CudaRelaxedCapture relaxed;
   *host = *dev = nullptr;
+  FUSCO_CHECK(cudaGuardSetup("cudaHostAlloc"));
+  CudaRelaxedCapture relaxed;
   FUSCO_CUDACHECK(cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable), kEngine);
   cudaError_t e = cudaHostGetDevicePointer(dev, *host, 0);
   if (e != cudaSuccess) {
@@ -197,6 +208,7 @@ fuscoResult_t cudaAllocMapped(size_t bytes, void** host, void** dev) {
 
 void cudaFreeMapped(void* host) {
   if (host == nullptr) return;
+  if (cudaGuardSetup("cudaFreeHost") != fuscoSuccess) return;  // kept rather than a deadlock
   CudaRelaxedCapture relaxed;
   cudaFreeHost(host);
   cudaGetLastError();
@@ -258,6 +270,9 @@ DeviceBuffer::~DeviceBuffer() {
 fuscoResult_t DeviceBuffer::reserve(size_t bytes, int64_t timeoutMs) {
   if (event_) FUSCO_CHECK(waitEventWithin(event_, timeoutMs, "the previous upload"));
   if (bytes <= cap_) return fuscoSuccess;
+  // Growing frees and allocates: on the caller's thread (planning), in a setup window.
+  CudaSetupWindow w;
+  FUSCO_CHECK(w.open(timeoutMs, "growing a device buffer (planning)"));
   // The old device memory is freed: every enqueued reader must be done with it.
   for (size_t i = 0; i < uses_; ++i)
     FUSCO_CHECK(waitEventWithin(useEvents_[i], timeoutMs, "enqueued work reading the old lists"));

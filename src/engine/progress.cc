@@ -5,6 +5,7 @@
 #include <future>
 
 #include "core/clock.h"
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "core/seq_compare.h"
@@ -20,7 +21,8 @@ Progress::Progress(int64_t timeoutMs, int64_t livenessMs,
       checkPeer_(std::move(checkPeer)),
       fail_(std::move(fail)),
       onStart_(std::move(onStart)),
-      thread_([this] { run(); }) {}
+      thread_([this] { run(); }),
+      watchdog_([this] { watch(); }) {}
 
 Progress::~Progress() {
   {
@@ -29,12 +31,22 @@ Progress::~Progress() {
   }
   cv_.notify_all();
   thread_.join();
+  {
+    std::lock_guard<std::mutex> g(mu_);  // the watchdog sees stop_ with no job running
+  }
+  watchCv_.notify_all();
+  watchdog_.join();
+  // Waits still listed (drain released them already, or the comm's words are gone) no longer
+  // hold the process's setup calls back.
+  std::lock_guard<std::mutex> g(mu_);
+  cudaGuardWaitsDone(waits_.size());
+  waits_.clear();
 }
 
-void Progress::post(std::function<void()> job) {
+void Progress::post(std::function<void()> job, const char* what) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    jobs_.push_back(std::move(job));
+    jobs_.emplace_back(std::move(job), what);
   }
   cv_.notify_all();
 }
@@ -49,29 +61,33 @@ fuscoResult_t Progress::runSync(std::function<fuscoResult_t()> job) {
   };
   std::promise<Outcome> done;
   std::future<Outcome> outcome = done.get_future();
-  post([&job, &done] {
-    fuscoResult_t r;
-    try {
-      r = job();
-    } catch (const std::exception& e) {
-      // The caller is told, then the thread's own handler breaks the comm.
-      done.set_value(
-          Outcome{fuscoInternalError, std::string("a progress job failed: ") + e.what()});
-      throw;
-    }
-    done.set_value(Outcome{r, r == fuscoSuccess ? std::string() : threadLastError()});
-  });
+  post(
+      [&job, &done] {
+        fuscoResult_t r;
+        try {
+          r = job();
+        } catch (const std::exception& e) {
+          // The caller is told, then the thread's own handler breaks the comm.
+          done.set_value(
+              Outcome{fuscoInternalError, std::string("a progress job failed: ") + e.what()});
+          throw;
+        }
+        done.set_value(Outcome{r, r == fuscoSuccess ? std::string() : threadLastError()});
+      },
+      "a synchronous call's exchange");
   Outcome o = outcome.get();
   if (o.result != fuscoSuccess) setThreadLastError(o.message);
   return o.result;
 }
 
 void Progress::add(int peer, volatile uint32_t* flag, uint32_t expected, const char* what) {
+  cudaGuardWaitAdded();  // before the lock: it waits out an open setup window
   {
     std::lock_guard<std::mutex> g(mu_);
     if (released_) {
       *flag = expected;  // the comm is broken: nothing may wait on it any more
       releasedWaits_.push_back(Wait{peer, flag, expected, what});
+      cudaGuardWaitsDone(1);
       return;
     }
     if (waits_.empty()) lastProgress_ = nowNs();
@@ -120,6 +136,7 @@ bool Progress::sweep() {
   waits_.erase(std::remove_if(waits_.begin(), waits_.end(),
                               [](const Wait& w) { return seqReached(*w.flag, w.expected); }),
                waits_.end());
+  cudaGuardWaitsDone(before - waits_.size());
   return waits_.size() != before;
 }
 
@@ -129,6 +146,7 @@ void Progress::releaseLocked() {
     if (!seqReached(*w.flag, w.expected)) *w.flag = w.expected;
     releasedWaits_.push_back(w);
   }
+  cudaGuardWaitsDone(waits_.size());
   waits_.clear();
   for (const Wait& w : releasedWaits_)
     if (!seqReached(*w.flag, w.expected)) *w.flag = w.expected;
@@ -203,21 +221,9 @@ void Progress::run() {
   int64_t lastLive = nowNs(), stopAt = 0;
   for (;;) {
     if (!jobs_.empty()) {
-      std::function<void()> job = std::move(jobs_.front());
+      auto job = std::move(jobs_.front());
       jobs_.pop_front();
-      lk.unlock();
-      try {
-        job();
-      } catch (const std::exception& e) {
-        // A job never throws on purpose: whatever it left half done, the comm cannot go on.
-        FUSCO_WARN(kEngine, "a progress job failed: %s", e.what());
-        lk.lock();
-        releaseAll(fuscoInternalError, std::string("a progress job failed: ") + e.what());
-        continue;
-      }
-      lk.lock();
-      // A finished job advanced the operations the streams wait for.
-      lastProgress_ = nowNs();
+      runJob(job.first, job.second, lk);
       pumpStep(lk);  // a long queue of jobs must not hold up what the bridge owes
       continue;
     }
@@ -232,6 +238,55 @@ void Progress::run() {
     // Poll quickly while waits are young (a flag write needs no syscall to see), and more quickly
     // while a bridge moves posts and rows for its peers.
     cv_.wait_for(lk, std::chrono::microseconds(pump_ ? 20 : waits_.empty() ? 0 : 200));
+  }
+}
+
+// Runs one job with mu_ released; a job that throws breaks the comm (it never throws on purpose:
+// whatever it left half done, the comm cannot go on).
+void Progress::runJob(std::function<void()>& job, const char* what,
+                      std::unique_lock<std::mutex>& lk) {
+  jobStart_ = nowNs();
+  doing_ = what;
+  jobReported_ = false;
+  watchCv_.notify_all();
+  lk.unlock();
+  std::string failure;
+  try {
+    job();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  lk.lock();
+  jobStart_ = 0;
+  lastProgress_ = nowNs();  // a finished job advanced the operations the streams wait for
+  if (!failure.empty()) {
+    FUSCO_WARN(kEngine, "a progress job failed: %s", failure.c_str());
+    releaseAll(fuscoInternalError, "a progress job failed: " + failure);
+  }
+}
+
+void Progress::setDoing(const std::string& what) {
+  std::lock_guard<std::mutex> g(mu_);
+  doing_ = what;
+}
+
+void Progress::watch() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    // Asleep while no job runs; while one does, a look every liveness period.
+    if (jobStart_ == 0) watchCv_.wait(lk, [this] { return stop_ || jobStart_ != 0; });
+    if (jobStart_ == 0 && stop_) return;
+    watchCv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_));
+    if (jobStart_ == 0 || jobReported_ || nowNs() - jobStart_ < timeoutNs_) continue;
+    jobReported_ = true;
+    const std::string why = "the progress thread was stuck for longer than the timeout (" +
+                            std::to_string(timeoutNs_ / 1000000) + " ms) in " + doing_ +
+                            "; every stream wait of the communicator was released";
+    FUSCO_WARN(kEngine, "%s", why.c_str());
+    releaseLocked();
+    lk.unlock();  // breaking the comm takes this lock again (Communicator::markBroken)
+    fail_(fuscoTimeout, why);
+    lk.lock();
   }
 }
 

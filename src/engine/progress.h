@@ -35,7 +35,8 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
 
   // Queues a job; jobs run one at a time in the order they were posted.
-  void post(std::function<void()> job);
+  // `what` names the job in the watchdog's report (a string that outlives the job).
+  void post(std::function<void()> job, const char* what = "a queued job");
   // Queues a job after every job posted before and waits for its result (the synchronous calls of
   // a CUDA comm, e.g. fuscoMoePlan's exchanges, which use the same channels as queued operations).
   fuscoResult_t runSync(std::function<fuscoResult_t()> job);
@@ -63,6 +64,8 @@ class Progress {
   void setPump(std::function<bool()> pump);
   // Something moved for the streams' waits (the bridge's rows): the timeout starts again.
   void noteProgress();
+  // What the running job does now (the watchdog's report names it); the job's name by default.
+  void setDoing(const std::string& what);
 
  private:
   struct Wait {
@@ -72,6 +75,11 @@ class Progress {
     const char* what;
   };
   void run();
+  // The watchdog: a job that runs past the timeout (a CUDA call that waits for the device, a
+  // peer that never answers) cannot check the waits itself, so this thread reports it, naming
+  // what the job was doing, releases every wait of the comm's streams and breaks the comm.
+  void watch();
+  void runJob(std::function<void()>& job, const char* what, std::unique_lock<std::mutex>& lk);
   void watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive);
   bool sweep();  // drops satisfied waits; true if any was
   void releaseAll(fuscoResult_t r, const std::string& why);
@@ -87,12 +95,17 @@ class Progress {
   std::function<bool()> pump_;
   mutable std::mutex mu_;
   std::condition_variable cv_, doneCv_;
-  std::deque<std::function<void()>> jobs_;
+  std::deque<std::pair<std::function<void()>, const char*>> jobs_;
+  int64_t jobStart_ = 0;  // while a job runs: when it started (0: none runs)
+  std::string doing_;     // what it does
+  bool jobReported_ = false;
+  std::condition_variable watchCv_;
   std::vector<Wait> waits_;
   std::vector<Wait> releasedWaits_;
   bool stop_ = false, released_ = false;
   int64_t lastProgress_ = 0;
   std::thread thread_;
+  std::thread watchdog_;
 };
 
 }  // namespace fusco

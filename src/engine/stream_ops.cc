@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/clock.h"
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -97,17 +98,22 @@ class HostOps : public StreamOps {
     cv_.notify_all();
     thread_.join();
   }
+  // The twin's allocations stand for cudaHostAlloc and cudaMalloc: the guard checks them alike.
   fuscoResult_t allocMapped(size_t bytes, void** host, void** mapped) override {
+    FUSCO_CHECK(cudaGuardSetup("allocating stream-mapped memory (host twin of cudaHostAlloc)"));
     *host = *mapped = std::calloc(1, bytes);
     return *host != nullptr ? fuscoSuccess
                             : FUSCO_FAIL(fuscoSystemError, kEngine, "out of memory (%zu B)", bytes);
   }
-  void freeMapped(void* host) override { std::free(host); }
+  void freeMapped(void* host) override {
+    if (host != nullptr) cudaGuardSetup("freeing stream-mapped memory (host twin of cudaFreeHost)");
+    std::free(host);
+  }
   fuscoResult_t allocDevice(size_t bytes, void** ptr) override {
     void* m = nullptr;
     return allocMapped(bytes, ptr, &m);
   }
-  void freeDevice(void* ptr) override { std::free(ptr); }
+  void freeDevice(void* ptr) override { freeMapped(ptr); }
   fuscoResult_t capturing(void*, bool* yes) override {
     *yes = false;
     return fuscoSuccess;

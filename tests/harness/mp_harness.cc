@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "core/bootstrap.h"
+#include "core/cuda_guard.h"
 #include "core/params.h"
 
 namespace fusco::test {
@@ -222,6 +223,14 @@ struct Child {
       sendLocked(wfd, "uncaught non-standard exception");
       code = 3;
     }
+    // The CUDA rules (docs/DESIGN.md): any setup call the guard refused fails the test, also when
+    // the library recovered from it.
+    std::string misplaced;
+    const uint64_t refused = fusco::cudaGuardViolations(&misplaced);
+    if (refused != 0)
+      ADD_FAILURE() << "rank " << rank << ": the CUDA guard refused " << refused
+                    << " setup call(s) made while an operation was in flight; the last: "
+                    << misplaced;
     std::lock_guard<std::mutex> g(gSendMu);
     if (gFailures > kMaxSent)
       sendText(wfd, std::to_string(gFailures - kMaxSent) + " more failures not shown");
