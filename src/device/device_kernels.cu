@@ -323,17 +323,40 @@ __global__ void zeroRangesKernel(char* base, uint64_t rowBytes, const int64_t* r
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Geometry of each kernel, cached by the device init (kernel_load.h).
+KernelGeometry gCopy{"copyKernel"}, gCopyDeferred{"copyDeferredKernel"}, gZero{"zeroRangesKernel"};
+template <int kDt>
+struct SumGeometry {
+  static KernelGeometry vec, one;
+};
+template <int kDt>
+KernelGeometry SumGeometry<kDt>::vec{"finalSumKernel (vector)"};
+template <int kDt>
+KernelGeometry SumGeometry<kDt>::one{"finalSumKernel"};
+
+template <int kDt>
+constexpr int sumVec() {
+  return 16 / Elem<kDt>::kSize;
+}
+
+template <int kDt>
+fuscoResult_t loadSum(KernelLoader& l) {
+  FUSCO_CHECK(l.load(finalSumKernel<kDt, sumVec<kDt>()>, kSumThreads, &SumGeometry<kDt>::vec));
+  return l.load(finalSumKernel<kDt, 1>, kSumThreads, &SumGeometry<kDt>::one);
+}
+
 template <int kDt>
 fuscoResult_t finalTyped(size_t hidden, const DevFinalSum& f, cudaStream_t s) {
   const bool shape = (hidden * Elem<kDt>::kSize) % 16 == 0 && aligned16(f.out);
-  constexpr int V = 16 / Elem<kDt>::kSize;
-  static const int perSmVec = residentPerSm(finalSumKernel<kDt, V>, kSumThreads);
-  static const int perSmOne = residentPerSm(finalSumKernel<kDt, 1>, kSumThreads);
+  constexpr int V = sumVec<kDt>();
+  const KernelGeometry &gv = SumGeometry<kDt>::vec, &g1 = SumGeometry<kDt>::one;
+  FUSCO_CHECK(checkLoaded(gv));
+  FUSCO_CHECK(checkLoaded(g1));
   // The bases' alignment is known on the device only: both variants are launched, one runs.
   if (shape)
-    finalSumKernel<kDt, V><<<gridFor(f.ntokens, perSmVec), kSumThreads, 0, s>>>(f, hidden, 1);
+    finalSumKernel<kDt, V><<<gridFor(f.ntokens, gv.perSm), kSumThreads, 0, s>>>(f, hidden, 1);
   finalSumKernel<kDt, 1>
-      <<<gridFor(f.ntokens, perSmOne), kSumThreads, 0, s>>>(f, hidden, shape ? 2 : 0);
+      <<<gridFor(f.ntokens, g1.perSm), kSumThreads, 0, s>>>(f, hidden, shape ? 2 : 0);
   return launchResult("launching the combine sum kernel");
 }
 
@@ -367,8 +390,8 @@ fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream) {
     CopyBatch b;
     fillBatch(tasks, &at, &b);
     if (b.n == 0) continue;
-    static const int perSm = residentPerSm(copyKernel, kCopyThreads);
-    copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, perSm), kCopyThreads, 0, s>>>(b);
+    FUSCO_CHECK(checkLoaded(gCopy));
+    copyKernel<<<gridFor((b.rowStart[b.n] + 7) / 8, gCopy.perSm), kCopyThreads, 0, s>>>(b);
     FUSCO_CHECK(launchResult("launching the row copy kernel"));
   }
   return fuscoSuccess;
@@ -393,8 +416,8 @@ fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void*
 
 fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream) {
   if (slots == 0) return fuscoSuccess;
-  static const int perSm = residentPerSm(copyDeferredKernel, kCopyThreads);
-  copyDeferredKernel<<<gridFor(UINT32_MAX, perSm), kCopyThreads, 0,
+  FUSCO_CHECK(checkLoaded(gCopyDeferred));
+  copyDeferredKernel<<<gridFor(UINT32_MAX, gCopyDeferred.perSm), kCopyThreads, 0,
                        static_cast<cudaStream_t>(stream)>>>(static_cast<const CopyBatch*>(devBlock),
                                                             static_cast<uint32_t>(slots));
   return launchResult("launching the deferred row copy kernel");
@@ -422,10 +445,20 @@ fuscoResult_t deviceZeroRowRanges(void* base, size_t rowBytes, const int64_t* ra
   if (n == 0 || longest <= 0) return fuscoSuccess;
   constexpr unsigned kThreads = 128;
   const uint64_t chunks = (static_cast<uint64_t>(longest) * rowBytes + kThreads - 1) / kThreads;
+  FUSCO_CHECK(checkLoaded(gZero));
   const dim3 grid(gridFor(chunks, 4), static_cast<unsigned>(std::min<size_t>(n, 65535)));
   zeroRangesKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<char*>(base), rowBytes, ranges, n);
   return launchResult("launching the padding kernel");
+}
+
+fuscoResult_t loadCopyKernels(KernelLoader& l) {
+  FUSCO_CHECK(l.load(copyKernel, kCopyThreads, &gCopy));
+  FUSCO_CHECK(l.load(copyDeferredKernel, kCopyThreads, &gCopyDeferred));
+  FUSCO_CHECK(l.load(zeroRangesKernel, 128, &gZero));
+  FUSCO_CHECK(loadSum<fuscoFloat32>(l));
+  FUSCO_CHECK(loadSum<fuscoBfloat16>(l));
+  return loadSum<fuscoFloat16>(l);
 }
 
 }  // namespace fusco

@@ -302,6 +302,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+KernelGeometry gLl{"llKernel"};
+
 uint64_t unitsFor(const Args& a, uint32_t phases) {
   uint64_t units = 1;
   for (uint32_t p = 0; p < kPhases; ++p)
@@ -318,9 +320,9 @@ fuscoResult_t deviceRun(const Args& a, uint32_t phases, void* stream) {
   if (a.d.ranks > kMaxRanks)
     return FUSCO_FAIL(fuscoInvalidUsage, kEngine, "low-latency kernels support %u ranks, not %u",
                       kMaxRanks, a.d.ranks);
-  static const int perSm = residentPerSm(llKernel, kThreads);
+  FUSCO_CHECK(checkLoaded(gLl));
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(gridFor(unitsFor(a, phases), perSm));
+  cfg.gridDim = dim3(gridFor(unitsFor(a, phases), gLl.perSm));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = static_cast<cudaStream_t>(stream);
   // A send and a receive phase in one kernel: receiving blocks wait for sending ones, so all must
@@ -335,4 +337,9 @@ fuscoResult_t deviceRun(const Args& a, uint32_t phases, void* stream) {
 }
 
 }  // namespace ll
+
+fuscoResult_t loadLlKernels(KernelLoader& l) {
+  return l.load(ll::llKernel, ll::kThreads, &ll::gLl);
+}
+
 }  // namespace fusco

@@ -57,9 +57,13 @@ __global__ void __launch_bounds__(kScanThreads)
 }
 
 // Runs the steps on one stream; the first failure sticks and later steps are skipped.
+KernelGeometry gPlanStep{"a GPU planner step"};
+
 class DeviceExec {
  public:
-  explicit DeviceExec(void* stream) : s_(static_cast<cudaStream_t>(stream)) {}
+  explicit DeviceExec(void* stream) : s_(static_cast<cudaStream_t>(stream)) {
+    result_ = checkLoaded(gPlanStep);
+  }
   template <typename F>
   void forEach(uint64_t n, const uint32_t* dynCount, const F& f) {
     if (n == 0 || result_ != fuscoSuccess) return;
@@ -87,7 +91,41 @@ class DeviceExec {
   fuscoResult_t result_ = fuscoSuccess;
 };
 
+// The device init's pass over the same pipelines: every step's kernel is loaded, none launched.
+class LoadExec {
+ public:
+  explicit LoadExec(KernelLoader& l) : l_(l) {}
+  template <typename F>
+  void forEach(uint64_t, const uint32_t*, const F&) {
+    if (result_ == fuscoSuccess) result_ = l_.load(forEachKernel<F>, kStepThreads, nullptr);
+  }
+  void scan(uint32_t*, uint64_t, uint64_t, uint32_t*) {
+    if (result_ == fuscoSuccess) result_ = l_.load(scanKernel, kScanThreads, nullptr);
+  }
+  void zero(void*, size_t) {}
+  fuscoResult_t result() const { return result_; }
+
+ private:
+  KernelLoader& l_;
+  fuscoResult_t result_ = fuscoSuccess;
+};
+
 }  // namespace
+
+fuscoResult_t loadPlanKernels(KernelLoader& l) {
+  LoadExec x(l);
+  const gplan::SendArgs send{};
+  const gplan::RecvArgs recv{};
+  const gplan::FanArgs fan{};
+  gplan::planSendSteps(x, send);
+  gplan::planTermRowSteps(x, send, nullptr);
+  gplan::planRecvSteps(x, recv);
+  gplan::planLayoutSteps(x, recv);
+  gplan::planFanSteps(x, fan, send);
+  FUSCO_CHECK(x.result());
+  // The steps' grids are fixed (2048 threads per multiprocessor); the geometry marks them loaded.
+  return l.load(forEachKernel<gplan::ResetBadSlot>, kStepThreads, &gPlanStep);
+}
 
 fuscoResult_t devicePlanSend(const gplan::SendArgs& a, void* stream) {
   DeviceExec x(stream);
