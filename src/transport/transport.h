@@ -174,6 +174,13 @@ struct TransportOps {
   // locally, or a send to it completed with an error (sticky). nullptr: every post completes at
   // once and cannot fail later (shared memory).
   bool (*sendsInFlight)(TransportComm* tc, int peer);
+
+  // Device-memory transports only (nullptr elsewhere). Opening a peer's region may wait for the
+  // device, so it never happens inside an operation (docs/DESIGN.md, "The CUDA rules"):
+  // regionsToMap says, without waiting, whether peers exported regions this rank has not opened;
+  // mapRegions opens them (setup face: a caller's thread, in a setup window).
+  bool (*regionsToMap)(TransportComm* tc);
+  fuscoResult_t (*mapRegions)(TransportComm* tc);
 };
 
 // Every transport compiled into this build, in a fixed order.

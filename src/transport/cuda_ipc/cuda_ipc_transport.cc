@@ -22,6 +22,7 @@
 
 #include "core/blob.h"
 #include "core/cuda_check.h"
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "transport/shm/shm_segment.h"
@@ -83,7 +84,8 @@ struct IpcPeer {
   bool connected = false;
   PeerInfo info;
   Page page;
-  std::map<uint32_t, void*> opened;  // slot -> mapping in this process
+  std::map<uint32_t, void*> opened;  // slot -> mapping in this process, closed with the comm
+  uint32_t scanned = 0;              // slots below this were looked at by mapRegions
 };
 
 struct IpcComm {
@@ -97,6 +99,9 @@ struct IpcComm {
   std::mutex mu;
   std::map<uintptr_t, Region> regions;  // base address -> region
   uint32_t nextSlot = 0;
+  // Owned regions released by fuscoMemFree: peers may still map them (their mappings close with
+  // their comms), so the memory is freed with this comm, never while a peer maps it.
+  std::vector<void*> retired;
 };
 
 IpcComm* asIpc(TransportComm* tc) { return reinterpret_cast<IpcComm*>(tc); }
@@ -117,6 +122,7 @@ void unmapPage(Page* p) {
 
 // Registers the flags of a mapped page with CUDA so streams can wait on them and write them.
 fuscoResult_t registerFlags(Page* p, int nranks) {
+  FUSCO_CHECK(cudaGuardSetup("cudaHostRegister (completion flags)"));
   uint8_t* flags = p->map.base + kPage;
   const unsigned how = cudaHostRegisterMapped | cudaHostRegisterPortable;
   FUSCO_CUDACHECK(cudaHostRegister(flags, flagsBytesFor(nranks), how), kIpc);
@@ -198,7 +204,7 @@ fuscoResult_t exportRegion(IpcComm* c, void* base, size_t bytes, bool owned, int
   return fuscoSuccess;
 }
 
-// Peers close their mapping of a released slot before they open a newer one (ipcPeerPointer).
+// Peers see the slot released; their mappings of it stay until their comms close.
 void unexport(IpcComm* c, std::map<uintptr_t, Region>::iterator it) {
   c->own.dir()[it->second.slot].bytes.store(0, std::memory_order_release);
   c->regions.erase(it);
@@ -314,6 +320,7 @@ fuscoResult_t ipcMemAlloc(TransportComm* tc, size_t bytes, void** ptr) {
   // Whole 2 MiB units: the runtime packs smaller allocations into shared units, and a peer cannot
   // open two IPC handles of one unit ("resource already mapped").
   bytes = (bytes + kIpcUnit - 1) / kIpcUnit * kIpcUnit;
+  FUSCO_CHECK(cudaGuardSetup("cudaMalloc (cuda_ipc)"));
   cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -333,17 +340,18 @@ fuscoResult_t ipcMemAlloc(TransportComm* tc, size_t bytes, void** ptr) {
   return fuscoSuccess;
 }
 
+// Unexported at once; the memory itself is freed with the comm (IpcComm::retired): CUDA leaves
+// freeing memory that another process still maps undefined, and a peer's mapping closes only
+// where nothing can wait for the device.
 fuscoResult_t ipcMemFree(TransportComm* tc, void* ptr) {
   IpcComm* c = asIpc(tc);
-  {
-    std::lock_guard<std::mutex> g(c->mu);
-    auto it = c->regions.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == c->regions.end() || !it->second.owned)
-      return FUSCO_FAIL(fuscoInvalidArgument, kIpc,
-                        "cuda_ipc: %p is not device memory of this communicator", ptr);
-    unexport(c, it);
-  }
-  FUSCO_CUDACHECK(cudaFree(ptr), kIpc);
+  std::lock_guard<std::mutex> g(c->mu);
+  auto it = c->regions.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == c->regions.end() || !it->second.owned)
+    return FUSCO_FAIL(fuscoInvalidArgument, kIpc,
+                      "cuda_ipc: %p is not device memory of this communicator", ptr);
+  c->retired.push_back(ptr);
+  unexport(c, it);
   return fuscoSuccess;
 }
 
@@ -387,6 +395,60 @@ bool ipcRegionToken(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* 
   return true;
 }
 
+// Opens slot `slot` of peer p (setup face: a CUDA IPC open may wait for the device).
+void* openSlot(IpcPeer& p, int peer, uint32_t slot) {
+  if (cudaGuardSetup("cudaIpcOpenMemHandle (a peer's buffer)") != fuscoSuccess) return nullptr;
+  void* m = nullptr;
+  cudaError_t err =
+      cudaIpcOpenMemHandle(&m, p.page.dir()[slot].handle, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer,
+               cudaGetErrorString(err));
+    return nullptr;
+  }
+  try {
+    p.opened.emplace(slot, m);
+  } catch (const std::bad_alloc&) {  // out of host memory: close the mapping again
+    cudaIpcCloseMemHandle(m);
+    FUSCO_WARN(kIpc, "cuda_ipc: out of host memory opening region %u of rank %d", slot, peer);
+    return nullptr;
+  }
+  return m;
+}
+
+// Slots are published in order and never reused: what a peer published since the last look
+// starts at `scanned`.
+bool ipcRegionsToMap(TransportComm* tc) {
+  IpcComm* c = asIpc(tc);
+  if (c == nullptr) return false;
+  for (const IpcPeer& p : c->peers)
+    if (p.connected && p.scanned < kMaxRegions &&
+        p.page.dir()[p.scanned].published.load(std::memory_order_acquire) != 0)
+      return true;
+  return false;
+}
+
+fuscoResult_t ipcMapRegions(TransportComm* tc) {
+  IpcComm* c = asIpc(tc);
+  for (int r = 0; r < c->nranks; ++r) {
+    IpcPeer& p = c->peers[r];
+    if (!p.connected) continue;
+    for (; p.scanned < kMaxRegions; ++p.scanned) {
+      const DirEntry& e = p.page.dir()[p.scanned];
+      if (e.published.load(std::memory_order_acquire) == 0) break;
+      if (e.bytes == 0 || p.opened.count(p.scanned) != 0) continue;  // released already
+      if (openSlot(p, r, p.scanned) == nullptr)
+        return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc,
+                          "cuda_ipc: cannot map region %u of rank %d: %s", p.scanned, r,
+                          threadLastError().c_str());
+    }
+  }
+  return fuscoSuccess;
+}
+
+// The progress thread's view: a region is normally opened by ipcMapRegions before the operation
+// that uses it; opening it here is a setup call inside an operation, which the guard refuses.
 void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) {
   IpcComm* c = asIpc(tc);
   if (c == nullptr || peer < 0 || peer >= c->nranks || !c->peers[peer].connected) return nullptr;
@@ -398,34 +460,8 @@ void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) 
   if (e.published.load(std::memory_order_acquire) == 0 || off > e.bytes || bytes > e.bytes - off)
     return nullptr;
   auto it = p.opened.find(slot);
-  if (it == p.opened.end()) {
-    // Regions the peer released may share memory with the new one: close them first (a CUDA
-    // allocation can be open only once per process).
-    for (auto o = p.opened.begin(); o != p.opened.end();) {
-      if (p.page.dir()[o->first].bytes != 0) {
-        ++o;
-        continue;
-      }
-      cudaIpcCloseMemHandle(o->second);
-      o = p.opened.erase(o);
-    }
-    void* m = nullptr;
-    cudaError_t err = cudaIpcOpenMemHandle(&m, e.handle, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer,
-                 cudaGetErrorString(err));
-      return nullptr;
-    }
-    try {
-      it = p.opened.emplace(slot, m).first;
-    } catch (const std::bad_alloc&) {  // out of host memory: close the mapping again
-      cudaIpcCloseMemHandle(m);
-      FUSCO_WARN(kIpc, "cuda_ipc: out of host memory opening region %u of rank %d", slot, peer);
-      return nullptr;
-    }
-  }
-  return static_cast<char*>(it->second) + off;
+  void* m = it != p.opened.end() ? it->second : openSlot(p, peer, slot);
+  return m == nullptr ? nullptr : static_cast<char*>(m) + off;
 }
 
 fuscoResult_t ipcDeviceFlags(TransportComm* tc, int peer, DeviceFlags* out) {
@@ -459,6 +495,7 @@ void ipcClose(TransportComm* tc) {
   }
   for (auto& [base, reg] : c->regions)
     if (reg.owned) cudaFree(reinterpret_cast<void*>(base));
+  for (void* p : c->retired) cudaFree(p);
   unmapPage(&c->own);
   kShmTransport.close(c->shm);
   cudaGetLastError();  // a peer that died may leave errors behind; they are not this comm's
@@ -489,6 +526,8 @@ const TransportOps kCudaIpcTransport = {
     ipcClose,          // close
     nullptr,           // progress
     nullptr,           // sendsInFlight (a post is complete once copied)
+    ipcRegionsToMap,   // regionsToMap
+    ipcMapRegions,     // mapRegions
 };
 
 }  // namespace fusco

@@ -356,5 +356,7 @@ const TransportOps kShmTransport = {
     shmClose,        // close
     nullptr,         // progress
     nullptr,         // sendsInFlight (a post is complete once copied)
+    nullptr,         // regionsToMap
+    nullptr,         // mapRegions
 };
 }  // namespace fusco

@@ -372,6 +372,8 @@ const TransportOps kUcxTransport = {
     ucxClose,          // close
     ucxProgress,       // progress
     ucxSendsInFlight,  // sendsInFlight
+    nullptr,           // regionsToMap
+    nullptr,           // mapRegions
 };
 
 }  // namespace fusco
