@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/blob.h"
+#include "core/cuda_guard.h"
 #include "core/fault.h"
 #include "core/log.h"
 #include "core/params.h"
@@ -149,6 +150,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   fuscoResult_t deviceStatus = fuscoSuccess;
   if (opts.memType == fuscoMemCuda) {
     deviceStatus = cudaUseDevice(opts.cudaDevice, &c->device_);
+    if (deviceStatus == fuscoSuccess) deviceStatus = c->loadKernels();
     if (deviceStatus != fuscoSuccess) deviceError = threadLastError();
   }
   faultConfigure();  // FUSCO_FAULT (debug): parsed once per communicator
@@ -174,6 +176,12 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->ctx_.commTag = c->bootstrap_->commTag();
   c->pairSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
+  // The setup calls of init (flags registered, the queue's and the bridge's pinned memory) run
+  // once no operation of another comm of this process can be waiting (docs/DESIGN.md, "The CUDA
+  // rules").
+  CudaSetupWindow window;
+  if (opts.memType == fuscoMemCuda || paramAsyncHost() != 0)
+    FUSCO_CHECK(window.open(c->ctx_.timeoutMs, "making a communicator"));
   FUSCO_CHECK(c->connectTransports());
   c->devSendSeq_.assign(nranks, 0);
   c->devRecvSeq_.assign(nranks, 0);
@@ -354,22 +362,6 @@ fuscoResult_t Communicator::takeAsyncError(std::string* why, fuscoResult_t* engi
   return r;
 }
 
-fuscoResult_t Communicator::scratchOn(int slot, size_t bytes, void* stream, char** ptr) {
-  bool capturing = false;
-  if (memType() == fuscoMemCuda) FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
-  return capturing ? graphBuffer(bytes, ptr) : scratch(slot, bytes, ptr);
-}
-
-fuscoResult_t Communicator::graphBuffer(size_t bytes, char** ptr) {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
-  CudaRelaxedCapture relaxed;  // the caller's stream may be capturing
-  void* p = nullptr;
-  FUSCO_CHECK(memAlloc(std::max<size_t>(bytes, 1), &p));
-  graphBuffers_.push_back(p);
-  *ptr = static_cast<char*>(p);
-  return fuscoSuccess;
-}
-
 void Communicator::noteCapture() { startIdleCheck(); }
 
 // Once per comm: the idle progress thread checks the peers and the watches every liveness period.
@@ -427,25 +419,6 @@ void Communicator::checkGraphPeers() {
   }
 }
 
-fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
-  auto& sc = scratch_[slot];
-  if (sc.second < bytes || sc.first == nullptr) {
-    // On a CUDA comm enqueued work may still use the old buffer, and freeing device memory waits
-    // for the device, whose streams may wait for this comm's progress thread: it is kept until
-    // the comm goes.
-    if (sc.first != nullptr && progress_) retiredScratch_.push_back(sc.first);
-    if (sc.first != nullptr && !progress_) FUSCO_CHECK(memFree(sc.first));
-    sc = {nullptr, 0};
-    size_t grow = std::max(bytes, bytes + bytes / 4);  // headroom for the next, larger call
-    void* p = nullptr;
-    FUSCO_CHECK(memAlloc(grow, &p));
-    sc = {p, grow};
-  }
-  *ptr = static_cast<char*>(sc.first);
-  return fuscoSuccess;
-}
-
 // Every rank of a CUDA comm learns whether every rank has its device, before any transport is set
 // up.
 fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::string& error) {
@@ -457,39 +430,6 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
   if (failed >= 0)
     return FUSCO_FAIL(fuscoRemoteError, kInit, "rank %d has no usable CUDA device: %s", failed,
                       why.c_str());
-  return fuscoSuccess;
-}
-
-fuscoResult_t Communicator::useDevice() const {
-  return device_ < 0 ? fuscoSuccess : cudaSetCurrent(device_);
-}
-
-// A transport exports whole CUDA allocations (what IPC shares), so it is given the allocation that
-// holds [ptr, ptr + bytes).
-fuscoResult_t Communicator::memRegister(void* ptr, size_t bytes) {
-  if (device_ < 0) return fuscoSuccess;
-  FUSCO_CHECK(useDevice());
-  void* base = nullptr;
-  size_t size = 0;
-  if (!cudaIsDevicePointer(ptr) || cudaAllocationRange(ptr, &base, &size) != fuscoSuccess)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommRegister: %p is not CUDA device memory",
-                      ptr);
-  if (static_cast<char*>(ptr) + bytes > static_cast<char*>(base) + size)
-    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                      "fuscoCommRegister: [%p, +%zu) runs past its CUDA allocation", ptr, bytes);
-  for (auto& t : transports_)
-    if (t.first->memRegister) FUSCO_CHECK(t.first->memRegister(t.second, base, size));
-  return fuscoSuccess;
-}
-
-fuscoResult_t Communicator::memDeregister(void* ptr) {
-  if (device_ < 0) return fuscoSuccess;
-  FUSCO_CHECK(useDevice());
-  void* base = nullptr;
-  size_t size = 0;
-  FUSCO_CHECK(cudaAllocationRange(ptr, &base, &size));
-  for (auto& t : transports_)
-    if (t.first->memDeregister) FUSCO_CHECK(t.first->memDeregister(t.second, base));
   return fuscoSuccess;
 }
 
@@ -516,6 +456,7 @@ fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
 }
 
 Communicator::~Communicator() {
+  CudaSetupWindow window;  // open for the frees below as well
   if (progress_) {
     // Operations still queued run first (each bounded by the timeout); streams may still wait for
     // peers: let them finish (or release them), then let the GPU drain before the memory they use
@@ -523,6 +464,12 @@ Communicator::~Communicator() {
     if (abortRequested()) progress_->releaseWaits();
     progress_->runSync([] { return fuscoSuccess; });
     progress_->drain();
+    // This comm's waits are satisfied or released; the device work of other comms may still wait
+    // for their progress threads: the synchronize and frees below run once nothing waits
+    // (docs/DESIGN.md, "The CUDA rules"); past the timeout the guard skips them, leaking rather
+    // than risking a deadlock.
+    if (window.open(timeoutMs(), "destroying a communicator") != fuscoSuccess)
+      FUSCO_WARN(kEngine, "%s", threadLastError().c_str());
     if (device_ >= 0) cudaDeviceSyncQuiet();
     if (streamOps_) streamOps_->drain();  // the host twin's stream
     progress_.reset();
@@ -557,54 +504,6 @@ bool Communicator::takeRegistration(void* handle, void** buff) {
   registrations_.erase(it);
   delete static_cast<char*>(handle);
   return true;
-}
-
-fuscoResult_t Communicator::memAlloc(size_t bytes, void** ptr) {
-  std::lock_guard<std::recursive_mutex> g(memMu_);
-  FUSCO_CHECK(useDevice());  // device memory of a CUDA comm lands on the comm's device
-  for (auto& t : transports_)
-    if (t.first->memAlloc) return t.first->memAlloc(t.second, bytes, ptr);
-  if (device_ >= 0) {
-    FUSCO_CHECK(cudaAllocDevice(bytes, ptr));
-    deviceAllocs_[*ptr] = bytes;
-    return fuscoSuccess;
-  }
-  // No peer can map memory of this rank (a single rank, or only remote peers): plain memory.
-  void* p = nullptr;
-  if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0)
-    return FUSCO_FAIL(fuscoSystemError, kApi, "out of memory allocating %zu bytes", bytes);
-  plainAllocs_[p] = bytes;
-  *ptr = p;
-  return fuscoSuccess;
-}
-
-fuscoResult_t Communicator::memFree(void* ptr) {
-  {
-    std::lock_guard<std::recursive_mutex> g(memMu_);
-    auto dit = deviceAllocs_.find(ptr);
-    if (dit != deviceAllocs_.end()) {
-      deviceAllocs_.erase(dit);
-      return cudaFreeDevice(ptr);  // a one-rank comm: no peer, no progress thread waits on it
-    }
-    auto it = plainAllocs_.find(ptr);
-    if (it != plainAllocs_.end()) {
-      free(ptr);
-      plainAllocs_.erase(it);
-      return fuscoSuccess;
-    }
-  }
-  // Not under memMu_: freeing device memory waits for the device, whose streams may wait for the
-  // progress thread, which takes memMu_ (the transports lock their own state).
-  for (auto& t : transports_)
-    if (t.first->memFree) return t.first->memFree(t.second, ptr);
-  return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                    "fuscoMemFree: %p was not allocated by fuscoMemAlloc on this comm", ptr);
-}
-
-bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const {
-  const PeerConn& c = conns_[peer];
-  if (c.ops == nullptr || c.ops->regionToken == nullptr) return false;
-  return c.ops->regionToken(c.tc, ptr, bytes, token);
 }
 
 void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {

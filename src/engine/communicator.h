@@ -41,9 +41,10 @@ int64_t paramLivenessMs();
 // A value every rank must pass alike in one call (a datatype, a size, a config field). The values
 // of a call ride in the headers of its first operation, which every rank exchanges with every
 // peer, so a difference fails that operation on every rank before any data moves.
-class DeviceQueue;  // engine_async.h
-class StreamOps;    // stream_ops.h
-class NetBridge;    // net_bridge.h
+class CudaSetupWindow;  // core/cuda_guard.h
+class DeviceQueue;      // engine_async.h
+class StreamOps;        // stream_ops.h
+class NetBridge;        // net_bridge.h
 
 struct AgreeValue {
   const char* name;  // the argument or field, as the error message names it
@@ -174,6 +175,14 @@ class Communicator {
   int device() const { return device_; }
   // Makes the comm's device current for the calling thread.
   fuscoResult_t useDevice() const;
+  // The CUDA rules (docs/DESIGN.md): opens *w, a setup window, on a caller's thread of an
+  // enqueue-only comm (nothing on host comms and on the progress thread, where guardSetup decides);
+  // guardSetup: the guard's verdict on a setup call `what` (always fine on host comms).
+  fuscoResult_t setupWindow(CudaSetupWindow* w, const char* what);
+  fuscoResult_t guardSetup(const char* what) const;
+  // Opens, in a setup window, the buffers peers exported since the last call (a caller's thread,
+  // before its operation's first wait), so operations find them mapped.
+  fuscoResult_t mapPeerRegions();
   // fuscoCommRegister / fuscoCommDeregister of device buffers: peers may then write them directly.
   fuscoResult_t memRegister(void* ptr, size_t bytes);
   fuscoResult_t memDeregister(void* ptr);
@@ -216,6 +225,7 @@ class Communicator {
   fuscoResult_t resolveOptions(const CommOptions& opts);
   fuscoResult_t connectTransports();
   fuscoResult_t agreeOnDevices(fuscoResult_t status, const std::string& error);
+  fuscoResult_t loadKernels();
 
   int rank_ = 0;
   int nranks_ = 0;

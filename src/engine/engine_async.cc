@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/clock.h"
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -203,6 +204,7 @@ struct PairFlags {
       }
       const uint32_t seq = asSender ? sendSeq[p] : recvSeq[p];
       waits.push_back({flags[p].devWait[kind], seq, true});
+      // Watched (and counted by the guard, core/cuda_guard.h) before the stream holds it.
       c.progress()->add(static_cast<int>(p), flags[p].hostWait[kind], seq, what);
     }
     FUSCO_CHECK(ops->flags(s, waits));
@@ -216,8 +218,10 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
   DeviceQueue& q = *c.deviceQueue();
   void* s = op.stream;
   StreamOps& ops = *c.streamOps();
-  FUSCO_CHECK(ops.flags(s, {{q.goDev(), static_cast<uint32_t>(index), true}}));
+  // From here on nothing of this thread may wait for the device (docs/DESIGN.md, "The CUDA
+  // rules"): the guard counts GO before the stream holds it.
   c.progress()->add(-1, q.goHost(), static_cast<uint32_t>(index), "the call's peers to agree");
+  FUSCO_CHECK(ops.flags(s, {{q.goDev(), static_cast<uint32_t>(index), true}}));
   // The parameters into device memory once: the kernels read them there, not across the bus.
   FUSCO_CHECK(ops.copy(s, b.mirror + l.offA, b.host + l.offA, l.bytes - l.offA));
   const char* dev = b.mirror;
@@ -261,6 +265,9 @@ fuscoResult_t writeParams(StreamOps& ops, const Pending& pd, const DeviceTasks& 
 
 void resolve(Communicator& c, Pending& pd) {
   DeviceQueue& q = *c.deviceQueue();
+  c.progress()->setDoing(std::string("resolving ") + pd.op.name +
+                         " (its headers exchanged with the peers, its landing places, its "
+                         "parameters)");
   fuscoResult_t r = fuscoSuccess;
   bool validation = false;
   if (c.brokenResult() != fuscoSuccess) {
@@ -320,6 +327,22 @@ void refuseBridged(Communicator& c, const std::vector<bool>& involved, Op* op) {
   }
 }
 
+// Everything an operation may need that a CUDA call which can wait for the device provides, done
+// on the caller's thread before the operation's first wait: the peers' new buffers mapped, and
+// room for its staging (the comm's scratch, or a captured operation's own buffer).
+fuscoResult_t setupBeforeWaits(Communicator& c, const std::vector<bool>& involved, Op* op) {
+  FUSCO_CHECK(c.mapPeerRegions());
+  if (op->argStatus == fuscoSuccess) FUSCO_CHECK(reserveBridgeAreas(c, *op, involved));
+  const size_t bound = stagingBound(c, *op, involved);
+  if (bound == 0 || op->argStatus != fuscoSuccess) return fuscoSuccess;
+  if (op->captured) {
+    op->graphStagingBytes = bound;
+    return c.graphBuffer(bound, &op->graphStaging);
+  }
+  char* unused = nullptr;
+  return c.scratch(kDeviceStagingScratch, bound, &unused);
+}
+
 }  // namespace
 
 fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
@@ -338,23 +361,27 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
     if (involved[p]) tasksB += op.peers[p].recvs.size();
   }
   refuseBridged(c, involved, &op);
+  FUSCO_CHECK(setupBeforeWaits(c, involved, &op));
   auto pd = std::make_shared<Pending>(std::move(op));
   pd->involved = involved;
   Op& o = pd->op;
   pd->layout = layoutFor(*c.streamOps(), o, n, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
-  if (o.captured)
+  if (o.captured) {
+    CudaSetupWindow w;  // the parameters of a captured operation are allocated for it
+    FUSCO_CHECK(c.setupWindow(&w, "a captured call's parameters"));
     FUSCO_CHECK(c.deviceQueue()->graphParams(pd->layout.bytes, &pd->block));
-  else
+  } else {
     FUSCO_CHECK(c.deviceQueue()->reserve(
         pd->layout.bytes, pd->index, c.timeoutMs(),
         [&c] { return c.brokenResult() != fuscoSuccess; }, &pd->block));
+  }
   PairFlags f;
   FUSCO_CHECK(f.init(c, involved, o));
   FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, pd->block));
   const fuscoResult_t status = pd->enqueueStatus = o.argStatus;
   const std::string error = o.argError;
-  c.progress()->post([&c, pd] { resolve(c, *pd); });
+  c.progress()->post([&c, pd] { resolve(c, *pd); }, pd->op.name);
   if (status == fuscoSuccess) return fuscoSuccess;
   // The peers learn this rank's failure from its header and skip the call with it.
   *agreedFailure = true;

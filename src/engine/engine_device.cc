@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "device/device_ops.h"
@@ -48,6 +49,41 @@ fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opNam
 
 }  // namespace
 
+size_t stagingBound(Communicator& c, const Op& op, const std::vector<bool>& involved) {
+  size_t bound = 0;
+  for (int p = 0; p < c.nranks(); ++p) {
+    if (p == c.rank() || !involved[p] || (c.bridge() && c.bridge()->remote(p))) continue;
+    for (const RowStream& r : op.peers[p].recvs) bound += aligned(r.bytes());
+  }
+  // A late-sized operation's messages (a few per peer) each start aligned.
+  if (op.lateRecvBound > 0)
+    bound = std::max(bound, op.lateRecvBound + 4 * kStagingAlign * static_cast<size_t>(c.nranks()));
+  return bound;
+}
+
+size_t areaBytes(const std::vector<RowStream>& msgs);
+
+fuscoResult_t reserveBridgeAreas(Communicator& c, const Op& op, const std::vector<bool>& involved) {
+  NetBridge* bridge = c.bridge();
+  if (bridge == nullptr) return fuscoSuccess;
+  const size_t late = op.latePeerBound > 0 ? op.latePeerBound + 4 * kStagingAlign : 0;
+  std::vector<std::pair<size_t, size_t>> want(c.nranks());
+  bool grow = false;
+  for (int p = 0; p < c.nranks(); ++p) {
+    if (!involved[p] || !bridge->remote(p)) continue;
+    want[p] = {std::max(areaBytes(op.peers[p].sends), late),
+               std::max(areaBytes(op.peers[p].recvs), late)};
+    grow = grow || !bridge->fits(p, want[p].first, want[p].second);
+  }
+  if (!grow) return fuscoSuccess;
+  CudaSetupWindow w;
+  FUSCO_CHECK(c.setupWindow(&w, "growing the network bridge's pinned areas"));
+  for (int p = 0; p < c.nranks(); ++p)
+    if (involved[p] && bridge->remote(p))
+      FUSCO_CHECK(bridge->reserve(p, want[p].first, want[p].second));
+  return fuscoSuccess;
+}
+
 fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,
                            std::vector<PairHeader>* mine, DeviceOffers* offers) {
   const int n = c.nranks();
@@ -65,9 +101,16 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
     }
   }
   if (staged == 0) return fuscoSuccess;
-  // A captured operation stages in memory of its own: every replay of its graph uses it.
-  FUSCO_CHECK(op.captured ? c.graphBuffer(staged, &offers->staging)
-                          : c.scratch(kDeviceStagingScratch, staged, &offers->staging));
+  // The caller made room before the operation's first wait (stagingBound): nothing is allocated
+  // here. A captured operation stages in memory of its own, which every replay of its graph uses.
+  if (op.captured && staged > op.graphStagingBytes)
+    return FUSCO_FAIL(fuscoInternalError, kEngine,
+                      "%s: %zu bytes to stage, more than the %zu reserved", op.name, staged,
+                      op.graphStagingBytes);
+  if (op.captured)
+    offers->staging = op.graphStaging;
+  else
+    FUSCO_CHECK(c.scratch(kDeviceStagingScratch, staged, &offers->staging));
   for (int p = 0; p < n; ++p) {
     for (size_t m = 0; m < offers->stagedAt[p].size(); ++m) {
       const int64_t at = offers->stagedAt[p][m];

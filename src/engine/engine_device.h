@@ -21,6 +21,14 @@ struct DeviceOffers {
   char* staging = nullptr;
 };
 
+// The most staging an operation can need on this rank (every message it receives from a peer of
+// its node staged): what the caller reserves before the operation's first wait.
+size_t stagingBound(Communicator& c, const Op& op, const std::vector<bool>& involved);
+
+// Grows the network bridge's areas for every remote peer of the operation, on the caller's thread
+// in a setup window (net_bridge.h), before its first wait.
+fuscoResult_t reserveBridgeAreas(Communicator& c, const Op& op, const std::vector<bool>& involved);
+
 // For every message this rank receives that was not offered in place (mine[p].recvTokens, filled
 // like on a host comm), reserves staging in the comm's scratch and offers that instead.
 fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,

@@ -84,11 +84,25 @@ fuscoResult_t NetBridge::grow(Buffer* b, size_t bytes) {
   return fuscoSuccess;
 }
 
+bool NetBridge::fits(int peer, size_t sendBytes, size_t recvBytes) const {
+  const Peer& p = peers_[index_[peer]];
+  return sendBytes <= p.send.bytes && recvBytes <= p.recv.bytes;
+}
+
+fuscoResult_t NetBridge::reserve(int peer, size_t sendBytes, size_t recvBytes) {
+  Peer& p = peers_[index_[peer]];
+  FUSCO_CHECK(grow(&p.send, sendBytes));
+  return grow(&p.recv, recvBytes);
+}
+
 fuscoResult_t NetBridge::areas(int peer, size_t sendBytes, size_t recvBytes, Area* send,
                                Area* recv) {
   Peer& p = peers_[index_[peer]];
-  FUSCO_CHECK(grow(&p.send, sendBytes));
-  FUSCO_CHECK(grow(&p.recv, recvBytes));
+  if (!fits(peer, sendBytes, recvBytes))
+    return FUSCO_FAIL(fuscoInternalError, kEngine,
+                      "network bridge: %zu + %zu bytes for rank %d, more than the %zu + %zu "
+                      "reserved before the operation",
+                      sendBytes, recvBytes, peer, p.send.bytes, p.recv.bytes);
   *send = {p.send.host, p.send.mapped};
   *recv = {p.recv.host, p.recv.mapped};
   return fuscoSuccess;

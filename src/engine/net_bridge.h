@@ -51,7 +51,12 @@ class NetBridge {
   // One operation with a remote peer: the area its rows to the peer are gathered into and the
   // area the peer's rows land in (grown as needed; an outgrown area is kept until the bridge goes,
   // since an earlier operation may still use it).
+  // On the progress thread the areas are only handed out: growing them allocates pinned memory (a
+  // CUDA setup call), which reserve does on the caller's thread before the operation's first wait
+  // (in a setup window, when fits says they must grow); areas then fails if they are too small.
   fuscoResult_t areas(int peer, size_t sendBytes, size_t recvBytes, Area* send, Area* recv);
+  bool fits(int peer, size_t sendBytes, size_t recvBytes) const;
+  fuscoResult_t reserve(int peer, size_t sendBytes, size_t recvBytes);
   // Registers the operation (every operation the pair shares, in order, before its GO): ship
   // `send` after the stream's next done post, land the peer's next rows in `recv`.
   // posted: BridgeLedger::expect.

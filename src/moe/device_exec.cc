@@ -101,8 +101,12 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
                                     h.dev.paddingLongest, stream),
                 &a);
   }
-  FUSCO_CHECK(
-      runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true, nullptr, std::move(late)));
+  // A capacity plan's rows are sized late: at most `capacity` rows arrive, staged or not.
+  // Each pair moves at most every token once (sends) or `capacity` rows (receives).
+  const size_t lateBound = h.capacity != 0 ? h.capacity * rowBytes : 0;
+  const size_t latePair = h.capacity != 0 ? std::max(h.capacity, h.numTokens) * rowBytes : 0;
+  FUSCO_CHECK(runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true, nullptr,
+                       std::move(late), nullptr, lateBound, latePair));
   return markListsUsed(h, stream);
 }
 

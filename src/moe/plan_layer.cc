@@ -62,11 +62,13 @@ class LayerRun {
   fuscoResult_t run(fuscoResult_t (*onDevice)(const LayerPlan&, void*),
                     void (*onHost)(const LayerPlan&));
   fuscoResult_t op(const char* name, const ArgCheck& a, const std::vector<PeerWork>& w, bool agreed,
-                   LateSizes late = nullptr, std::function<void(bool)> after = nullptr);
+                   LateSizes late = nullptr, std::function<void(bool)> after = nullptr,
+                   size_t lateRecvBound = 0);
   void badSlotMessage(ArgCheck* b);
 
   MoeHandle& h_;
   Communicator& c_;
+  size_t fanListsBytes_ = 0;
   void* s_;
   bool dev_;
   int n_;
@@ -156,6 +158,7 @@ fuscoResult_t LayerRun::reserveCounts() {
 fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
   const size_t startBytes = ((rows + n_) * sizeof(uint32_t) + 15) / 16 * 16;
   const size_t bytes = startBytes + entries * sizeof(int64_t);
+  fanListsBytes_ = bytes;  // what a capacity plan's late fan lists can bring at most
   char* base = nullptr;
   if (dev_) {
     FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes, c_.timeoutMs()));
@@ -217,11 +220,12 @@ void LayerRun::fillTables() {
 }
 
 fuscoResult_t LayerRun::op(const char* name, const ArgCheck& a, const std::vector<PeerWork>& w,
-                           bool agreed, LateSizes late, std::function<void(bool)> after) {
+                           bool agreed, LateSizes late, std::function<void(bool)> after,
+                           size_t lateRecvBound) {
   // A host twin of the CUDA path runs the operations as the CUDA path does (enqueued, resolved by
   // the progress thread, late sizes included).
   return runMoeOp(c_, name, a, w, agreed, s_, dev_ || c_.hostTwin(), nullptr, std::move(late),
-                  std::move(after));
+                  std::move(after), lateRecvBound, lateRecvBound);
 }
 
 // Steps 2-3: the send side and the count messages (every rank's checks passed).
@@ -358,7 +362,8 @@ fuscoResult_t LayerRun::lateFanLists() {
   MoeHandle* h = &h_;
   FUSCO_CHECK(op(
       h_.names->fanLists, ArgCheck(), w, false, [h](Op& o) { return resolveFanLists(*h, o); },
-      [h](bool ok) { h->planState = ok ? MoeHandle::kPlanReady : MoeHandle::kPlanFailed; }));
+      [h](bool ok) { h->planState = ok ? MoeHandle::kPlanReady : MoeHandle::kPlanFailed; },
+      fanListsBytes_));
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }
 
