@@ -189,6 +189,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
     c->streamOps_ = cudaStreamOps();
     FUSCO_CHECK(c->startBridge());
     FUSCO_CHECK(c->startAsync());
+    FUSCO_CHECK(c->mapInitialStaging());
   } else if (paramAsyncHost() != 0) {
     FUSCO_CHECK(c->twinFlags());
     if (!c->twinPeerFlags_.empty() || nranks == 1) {

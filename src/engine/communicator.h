@@ -103,6 +103,10 @@ class Communicator {
   fuscoResult_t memFree(void* ptr);
   // Token naming [ptr, ptr+bytes) to peers of `peer`'s transport, if it is peer-reachable.
   bool regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const;
+  // regionToken for a region an operation offers `peer`, which must have mapped it already (its
+  // progress thread never opens one; docs/DESIGN.md, "The CUDA rules"): false otherwise, and the
+  // operation stages instead.
+  bool offerToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const;
   // Grow-only scratch memory of this communicator, from memAlloc so peers can write it directly;
   // kept across calls so no operation pays for fresh pages. One buffer per slot (ScratchSlot).
   fuscoResult_t scratch(int slot, size_t bytes, char** ptr);
@@ -226,6 +230,7 @@ class Communicator {
   fuscoResult_t connectTransports();
   fuscoResult_t agreeOnDevices(fuscoResult_t status, const std::string& error);
   fuscoResult_t loadKernels();
+  fuscoResult_t mapInitialStaging();
 
   int rank_ = 0;
   int nranks_ = 0;

@@ -117,9 +117,13 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
       if (at < 0) continue;
       PairHeader& h = (*mine)[p];
       h.recvExtents[m] = h.recvBytes[m];  // the sender writes the bytes contiguously
-      if (!c.regionToken(p, offers->staging + at, h.recvBytes[m], &h.recvTokens[m]))
-        return FUSCO_FAIL(fuscoInternalError, kEngine,
-                          "%s: the staging area is not reachable by rank %d", op.name, p);
+      if (!c.offerToken(p, offers->staging + at, h.recvBytes[m], &h.recvTokens[m]))
+        return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                          "%s: the staging area grew to %zu bytes for this call and rank %d has "
+                          "not mapped it yet (it does at its next call); raise "
+                          "FUSCO_CUDA_STAGING_BYTES or register the receive buffers "
+                          "(fuscoCommRegister)",
+                          op.name, staged, p);
     }
   }
   return fuscoSuccess;

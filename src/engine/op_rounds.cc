@@ -25,7 +25,7 @@ void OpRunner::buildHeaders() {
       uint64_t token = kStagedToken;
       const size_t extent = r.extentBytes();
       if (direct && !op_.pullRun && op_.argStatus == fuscoSuccess && r.bytes() > 0 && extent > 0 &&
-          (r.contiguous() || r.layoutShared) && !c_.regionToken(p, r.base, extent, &token))
+          (r.contiguous() || r.layoutShared) && !c_.offerToken(p, r.base, extent, &token))
         token = kStagedToken;
       h.recvBytes.push_back(r.bytes());
       h.recvTokens.push_back(token);
@@ -80,7 +80,7 @@ void OpRunner::offerSends(int p, PairHeader* h) {
   for (const auto& s : op_.peers[p].sends) {
     uint64_t token = kStagedToken;
     const size_t extent = s.extentBytes();
-    if (s.bytes() > 0 && (extent < s.bytes() || !c_.regionToken(p, s.base, extent, &token))) {
+    if (s.bytes() > 0 && (extent < s.bytes() || !c_.offerToken(p, s.base, extent, &token))) {
       op_.argStatus = fuscoInternalError;
       op_.argError = std::string(op_.name) + ": a buffer rank " + std::to_string(p) +
                      " reads cannot be offered to it (not mappable by its peers)";

@@ -125,7 +125,7 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   bool mappable = true;
   uint64_t token = 0;
   for (int p = 0; p < n && mappable && extent > 0 && a.status == fuscoSuccess; ++p)
-    mappable = p == me || c.regionToken(p, expertOut, extent, &token);
+    mappable = p == me || c.offerToken(p, expertOut, extent, &token);
   if (a.status == fuscoSuccess && !mappable) {
     char* copy = nullptr;
     joinFailure(c.scratchOn(kExpertCopyScratch, extent, stream, &copy), &a);

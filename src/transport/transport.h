@@ -181,6 +181,9 @@ struct TransportOps {
   // mapRegions opens them (setup face: a caller's thread, in a setup window).
   bool (*regionsToMap)(TransportComm* tc);
   fuscoResult_t (*mapRegions)(TransportComm* tc);
+  // Whether `peer` has opened this rank's region named by `token` (so an operation may offer it
+  // to the peer: the peer's progress thread must not have to open it). nullptr: always.
+  bool (*peerMapped)(TransportComm* tc, int peer, uint64_t token);
 };
 
 // Every transport compiled into this build, in a fixed order.

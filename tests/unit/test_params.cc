@@ -192,13 +192,28 @@ TEST_F(Params, EveryKnobReadBySourcesIsDeclared) {
 // The whole set, so that a parameter whose declaring file is dropped from a static link (and with
 // it the registrar) is noticed here and in `fusco_info`.
 TEST_F(Params, ListHasEveryParameterOfTheLibrary) {
-  const char* all[] = {"FUSCO_ASYNC_HOST",       "FUSCO_BALANCE_SLACK",     "FUSCO_CHUNK_BYTES",
-                       "FUSCO_CUDA_PARAM_BYTES", "FUSCO_CUDA_SMS",          "FUSCO_DEBUG",
-                       "FUSCO_DEBUG_FILE",       "FUSCO_DEBUG_SUBSYS",      "FUSCO_FAULT",
-                       "FUSCO_LIVENESS_MS",      "FUSCO_LOCAL_SIZE",        "FUSCO_NET_DEVICES",
-                       "FUSCO_NET_GDR",          "FUSCO_PIPELINE_DEPTH",    "FUSCO_PLAN",
-                       "FUSCO_PLAN_TRACE",       "FUSCO_SHM_ARENA_BYTES",   "FUSCO_SHM_DIRECT",
-                       "FUSCO_SOCKET_IFNAME",    "FUSCO_SPIN_BEFORE_YIELD", "FUSCO_TIMEOUT_MS"};
+  const char* all[] = {"FUSCO_ASYNC_HOST",
+                       "FUSCO_BALANCE_SLACK",
+                       "FUSCO_CHUNK_BYTES",
+                       "FUSCO_CUDA_PARAM_BYTES",
+                       "FUSCO_CUDA_SMS",
+                       "FUSCO_CUDA_STAGING_BYTES",
+                       "FUSCO_DEBUG",
+                       "FUSCO_DEBUG_FILE",
+                       "FUSCO_DEBUG_SUBSYS",
+                       "FUSCO_FAULT",
+                       "FUSCO_LIVENESS_MS",
+                       "FUSCO_LOCAL_SIZE",
+                       "FUSCO_NET_DEVICES",
+                       "FUSCO_NET_GDR",
+                       "FUSCO_PIPELINE_DEPTH",
+                       "FUSCO_PLAN",
+                       "FUSCO_PLAN_TRACE",
+                       "FUSCO_SHM_ARENA_BYTES",
+                       "FUSCO_SHM_DIRECT",
+                       "FUSCO_SOCKET_IFNAME",
+                       "FUSCO_SPIN_BEFORE_YIELD",
+                       "FUSCO_TIMEOUT_MS"};
   auto list = fusco::paramList();
   for (const char* name : all) EXPECT_NE(find(list, name), nullptr) << name << " missing";
   EXPECT_EQ(list.size(), sizeof(all) / sizeof(all[0]));

@@ -41,6 +41,7 @@ constexpr uint32_t kMaxRegions = 16384;  // directory slots (never reused within
 constexpr int kTokenShift = 44;          // token = slot << 44 | offset
 constexpr uint64_t kOffsetMask = (1ull << kTokenShift) - 1;
 constexpr size_t kIpcUnit = 2 << 20;
+constexpr int kAckWords = 4;  // local ranks whose mappings a region records (256)
 
 // What a rank publishes (after the shm transport's blob) so that peers can map its page.
 struct IpcBlob {
@@ -63,6 +64,9 @@ struct DirEntry {
   cudaIpcMemHandle_t handle;
   std::atomic<uint64_t> bytes;      // 0 once the owner released the region
   std::atomic<uint64_t> published;  // 1 once handle and bytes are written
+  // Bit l: the rank of local index l opened the region (written by that rank's process), so the
+  // owner offers it in place to that rank only (ipcPeerMapped).
+  std::atomic<uint64_t> mappedBy[kAckWords];
 };
 
 struct Page {
@@ -90,6 +94,7 @@ struct IpcPeer {
 
 struct IpcComm {
   int rank = 0, nranks = 0, device = 0;
+  std::vector<int> localRank;  // [nranks] each rank's index on its node
   TransportComm* shm = nullptr;
   Page own;
   std::vector<IpcPeer> peers;
@@ -228,7 +233,11 @@ fuscoResult_t ipcSetupInto(IpcComm* c, const TransportContext& ctx, const std::v
   c->rank = ctx.rank;
   c->nranks = ctx.nranks;
   c->peers.resize(ctx.nranks);
-  for (int r = 0; r < ctx.nranks; ++r) c->peers[r].info = (*ctx.peers)[r];
+  c->localRank.resize(ctx.nranks);
+  for (int r = 0; r < ctx.nranks; ++r) {
+    c->peers[r].info = (*ctx.peers)[r];
+    c->localRank[r] = ctx.nodes != nullptr ? ctx.nodes->localRankOf[r] : r;
+  }
   TransportContext hostCtx = ctx;
   hostCtx.memType = fuscoMemHost;
   std::string shmBlob;
@@ -395,8 +404,9 @@ bool ipcRegionToken(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* 
   return true;
 }
 
-// Opens slot `slot` of peer p (setup face: a CUDA IPC open may wait for the device).
-void* openSlot(IpcPeer& p, int peer, uint32_t slot) {
+// Opens slot `slot` of peer p (setup face: a CUDA IPC open may wait for the device) and records
+// the mapping in the peer's directory.
+void* openSlot(const IpcComm* c, IpcPeer& p, int peer, uint32_t slot) {
   if (cudaGuardSetup("cudaIpcOpenMemHandle (a peer's buffer)") != fuscoSuccess) return nullptr;
   void* m = nullptr;
   cudaError_t err =
@@ -414,7 +424,19 @@ void* openSlot(IpcPeer& p, int peer, uint32_t slot) {
     FUSCO_WARN(kIpc, "cuda_ipc: out of host memory opening region %u of rank %d", slot, peer);
     return nullptr;
   }
+  const int me = c->localRank[c->rank];
+  if (me < 64 * kAckWords)
+    p.page.dir()[slot].mappedBy[me / 64].fetch_or(1ull << (me % 64), std::memory_order_release);
   return m;
+}
+
+bool ipcPeerMapped(TransportComm* tc, int peer, uint64_t token) {
+  IpcComm* c = asIpc(tc);
+  const uint32_t slot = static_cast<uint32_t>(token >> kTokenShift);
+  if (c == nullptr || peer < 0 || peer >= c->nranks || slot >= kMaxRegions) return false;
+  const int l = c->localRank[peer];
+  if (l >= 64 * kAckWords) return false;
+  return (c->own.dir()[slot].mappedBy[l / 64].load(std::memory_order_acquire) >> (l % 64)) & 1;
 }
 
 // Slots are published in order and never reused: what a peer published since the last look
@@ -438,7 +460,7 @@ fuscoResult_t ipcMapRegions(TransportComm* tc) {
       const DirEntry& e = p.page.dir()[p.scanned];
       if (e.published.load(std::memory_order_acquire) == 0) break;
       if (e.bytes == 0 || p.opened.count(p.scanned) != 0) continue;  // released already
-      if (openSlot(p, r, p.scanned) == nullptr)
+      if (openSlot(c, p, r, p.scanned) == nullptr)
         return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc,
                           "cuda_ipc: cannot map region %u of rank %d: %s", p.scanned, r,
                           threadLastError().c_str());
@@ -460,7 +482,7 @@ void* ipcPeerPointer(TransportComm* tc, int peer, uint64_t token, size_t bytes) 
   if (e.published.load(std::memory_order_acquire) == 0 || off > e.bytes || bytes > e.bytes - off)
     return nullptr;
   auto it = p.opened.find(slot);
-  void* m = it != p.opened.end() ? it->second : openSlot(p, peer, slot);
+  void* m = it != p.opened.end() ? it->second : openSlot(c, p, peer, slot);
   return m == nullptr ? nullptr : static_cast<char*>(m) + off;
 }
 
@@ -528,6 +550,7 @@ const TransportOps kCudaIpcTransport = {
     nullptr,           // sendsInFlight (a post is complete once copied)
     ipcRegionsToMap,   // regionsToMap
     ipcMapRegions,     // mapRegions
+    ipcPeerMapped,     // peerMapped
 };
 
 }  // namespace fusco

@@ -358,5 +358,6 @@ const TransportOps kShmTransport = {
     nullptr,         // sendsInFlight (a post is complete once copied)
     nullptr,         // regionsToMap
     nullptr,         // mapRegions
+    nullptr,         // peerMapped
 };
 }  // namespace fusco

@@ -374,6 +374,7 @@ const TransportOps kUcxTransport = {
     ucxSendsInFlight,  // sendsInFlight
     nullptr,           // regionsToMap
     nullptr,           // mapRegions
+    nullptr,           // peerMapped
 };
 
 }  // namespace fusco
