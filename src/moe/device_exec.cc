@@ -45,20 +45,6 @@ bool planFailed(const MoeHandle& h, const char* fn, Op& op) {
   return true;
 }
 
-// Combine's streams with every peer: the (t, k) rows it reads from this rank's expert output, and
-// those this rank reads from it. A capacity plan's sizes are known on the progress thread only.
-void combineStreams(const MoeHandle& h, const char* offered, size_t rowOut, size_t extent,
-                    std::vector<PeerWork>* work) {
-  const bool known = h.capacity == 0;  // else placeholders, sized by the late operation
-  for (size_t p = 0; p < work->size(); ++p) {
-    PeerWork& w = (*work)[p];
-    RowStream s = RowStream::indexed(offered, rowOut, nullptr, known ? h.sizes.slotsFrom[p] : 0);
-    s.extent = extent;
-    w.sends.assign(1, s);
-    w.recvs.assign(1, RowStream::indexed(nullptr, rowOut, nullptr, known ? h.sizes.slotsTo[p] : 0));
-  }
-}
-
 // A replan's upload waits for this call's kernels, which read the plan's lists (the layer plan
 // and, for a plan by the steps, its receive lists too).
 fuscoResult_t markListsUsed(MoeHandle& h, void* stream) {
@@ -67,6 +53,29 @@ fuscoResult_t markListsUsed(MoeHandle& h, void* stream) {
 }
 
 }  // namespace
+
+void deviceCombineStreams(const MoeHandle& h, bool sized, const char* offered, size_t rowOut,
+                          size_t extent, std::vector<PeerWork>* work) {
+  for (size_t p = 0; p < work->size(); ++p) {
+    PeerWork& w = (*work)[p];
+    RowStream s = RowStream::indexed(offered, rowOut, nullptr, sized ? h.sizes.slotsFrom[p] : 0);
+    s.extent = extent;
+    w.sends.assign(1, s);
+    w.recvs.assign(1, RowStream::indexed(nullptr, rowOut, nullptr, sized ? h.sizes.slotsTo[p] : 0));
+  }
+}
+
+LateSizes deviceCombineLate(MoeHandle& h, const char* offered, size_t rowOut, size_t extent) {
+  MoeHandle* hp = &h;
+  return [hp, offered, rowOut, extent](Op& op) {
+    if (planFailed(*hp, "fuscoMoeCombine", op)) return fuscoSuccess;
+    // Sized from the plan now: a zero-byte message would leave the peer's base unmapped (null)
+    // while the sum kernel reads that peer's rows.
+    deviceCombineStreams(*hp, true, offered, rowOut, extent, &op.peers);
+    noteCombineStats(*hp, op.peers, rowOut);
+    return fuscoSuccess;
+  };
+}
 
 fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void* recvX, ArgCheck a,
                              void* stream, std::vector<PeerWork>* work) {
@@ -136,17 +145,12 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
   // One pull operation: the message from p is the (t, k) rows this rank sent p, read by this
   // rank's sum kernel in p's expert output.
   std::vector<PeerWork>& work = *workOut;
-  if (a.status == fuscoSuccess) combineStreams(h, offered, rowOut, extent, &work);
+  // A capacity plan's sizes are known on the progress thread only: placeholders now, the real
+  // streams from the late operation.
+  const bool sized = h.capacity == 0;
+  if (a.status == fuscoSuccess) deviceCombineStreams(h, sized, offered, rowOut, extent, &work);
   LateSizes late;
-  if (a.status == fuscoSuccess && h.capacity != 0) {
-    MoeHandle* hp = &h;
-    late = [hp, offered, rowOut, extent](Op& op) {
-      if (planFailed(*hp, "fuscoMoeCombine", op)) return fuscoSuccess;
-      combineStreams(*hp, offered, rowOut, extent, &op.peers);
-      noteCombineStats(*hp, op.peers, rowOut);
-      return fuscoSuccess;
-    };
-  }
+  if (a.status == fuscoSuccess && !sized) late = deviceCombineLate(h, offered, rowOut, extent);
   // The ranks' mapped bases are filled in by the progress thread once the peers agreed
   // (engine_async.h); the kernel reads them when the stream reaches it. A plan by the steps keeps
   // its terms where its buffer was carved (known before a capacity plan resolves).

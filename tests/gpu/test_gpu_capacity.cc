@@ -87,6 +87,51 @@ TEST(GpuMoeCapacity, PlanDispatchCombineOnlyEnqueueAndMatchTheReference) {
   });
 }
 
+// The smallest case of combine after a capacity plan: 2 ranks, no spin, the expert output
+// unregistered (a mappable copy is offered) and from the comm's arena (offered in place). Every
+// rank reads its peer's rows: the late operation must size each pair's message from the plan, or
+// the peer's base stays unmapped and the sum kernel reads through a null pointer (an illegal
+// address at the synchronize). The stats count the rows the peer read.
+void combineAfterCapacityPlan(const RankCtx& ctx, fuscoComm_t comm, cudaStream_t st,
+                              const CombineSetup& s, Mem outKind) {
+  const std::string what = std::string("expertOut ") + memName(outKind);
+  const size_t need = s.d.numRecvRows[ctx.rank], rowOut = s.hidden * 2, capacity = need + 8;
+  DevBuf idx = toDevice(comm, s.p.topkIdx[ctx.rank]);
+  DevBuf x = toDevice(comm, s.x[ctx.rank]);
+  DevBuf recvX = poisonedBuf(comm, capacity * rowOut);
+  DevBuf expertOut(comm, capacity * rowOut, outKind);
+  expertOut.upload(s.expertOut[ctx.rank]);
+  DevBuf w = toDevice(comm, s.weights[ctx.rank]);
+  DevBuf out = poisonedBuf(comm, s.p.numTokens[ctx.rank] * rowOut);
+  fuscoMoeHandle_t h = nullptr;
+  FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, s, idx, capacity, st, &h));
+  FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), st));
+  FUSCO_EXPECT_OK(comm, fuscoMoeCombine(h, expertOut.get(), fuscoBfloat16, s.hidden,
+                                        static_cast<const float*>(w.get()), out.get(), st));
+  CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+  fuscoResult_t async = fuscoSuccess;
+  FUSCO_EXPECT_OK(comm, fuscoCommGetAsyncError(comm, &async));
+  EXPECT_EQ(async, fuscoSuccess) << what << ": " << fuscoGetLastError(comm);
+  const auto want = fusco::test::moeRefCombine(s.p, s.d, s.expertOut, s.dt, s.hidden, s.weights);
+  EXPECT_TRUE(out.download() == want[ctx.rank]) << what;
+  fuscoMoeStats_t stats{};
+  stats.size = sizeof stats;
+  FUSCO_EXPECT_OK(comm, fuscoMoeGetStats(h, &stats));
+  EXPECT_EQ(stats.combineBytesIntraNode, noneCombineBytes(s.p, ctx.rank, rowOut))
+      << what << ": the rows the peer read from this rank";
+  FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+}
+
+TEST(GpuMoeCapacity, CombineReadsEveryPeersRowsOnTwoRanks) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  runGpuRanksOnStream(2, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const CombineSetup s = capacityCase(2, seed);
+    for (Mem outKind : {Mem::Cuda, Mem::Arena})
+      combineAfterCapacityPlan(ctx, comm, stream.get(), s, outKind);
+  });
+}
+
 // Rank 0's capacity one row short: every call returns (enqueued), nothing lands in any recvX,
 // every rank's async error names the numbers or the failed plan, and a later plan works.
 TEST(GpuMoeCapacity, OverflowIsAnAsyncErrorOnEveryRankAndMovesNothing) {
