@@ -2,8 +2,9 @@
 // test_gpu_sanitizer.cc runs it under --tool memcheck and --tool racecheck). The parent forks the
 // ranks before anything touches CUDA; each rank plans, dispatches and combines (NONE and RANK
 // dedup, bf16 and fp32) on its own stream and checks the results bitwise against the host
-// reference; then a capacity plan one row short on rank 0 (an async error, nothing written out of
-// bounds). Prints "fusco_gpu_sanitizer_moe: OK" and exits 0 when every rank succeeded.
+// reference; then a capacity plan that fits (plan, dispatch and combine against the reference)
+// and one a row short on rank 0 (an async error, nothing written out of bounds). Prints
+// "fusco_gpu_sanitizer_moe: OK" and exits 0 when every rank succeeded.
 //
 // Usage: fusco_gpu_sanitizer_moe [nranks (default 2)]
 #include <gtest/gtest-spi.h>
@@ -43,6 +44,35 @@ void report(int rank, const std::string& what) {
 
 void check(int rank, const ::testing::AssertionResult& r, const std::string& what) {
   if (!r) report(rank, what + ": " + r.message());
+}
+
+// Capacity mode that fits (8 rows to spare): plan, dispatch and combine enqueue back to back and
+// equal the reference; the combine reads every peer's rows through the bases its late operation
+// mapped.
+void capacityRoundTrip(fuscoComm_t comm, int rank, const CombineSetup& s, cudaStream_t st) {
+  const size_t rowOut = s.hidden * dtypeSize(s.dt), need = s.d.numRecvRows[rank];
+  const size_t capacity = need + 8;
+  DevBuf idx = toDevice(comm, s.p.topkIdx[rank]), x = toDevice(comm, s.x[rank]);
+  DevBuf recvX = poisonedBuf(comm, capacity * rowOut), expertOut(comm, capacity * rowOut);
+  expertOut.upload(s.expertOut[rank]);
+  DevBuf w = toDevice(comm, s.weights[rank]);
+  DevBuf out = poisonedBuf(comm, s.p.numTokens[rank] * rowOut);
+  fuscoMoeConfig_t cfg = moeConfig(s.c, FUSCO_DEDUP_RANK);
+  fuscoMoeHandle_t h = nullptr;
+  if (fuscoMoePlanCapacity(&h, comm, &cfg, static_cast<const int64_t*>(idx.get()),
+                           s.p.numTokens[rank], s.p.topk, capacity, st) != fuscoSuccess)
+    return report(rank, std::string("capacity plan: ") + fuscoGetLastError(comm));
+  if (fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), st) != fuscoSuccess)
+    report(rank, std::string("capacity dispatch: ") + fuscoGetLastError(comm));
+  if (fuscoMoeCombine(h, expertOut.get(), s.dt, s.hidden, static_cast<const float*>(w.get()),
+                      out.get(), st) != fuscoSuccess)
+    report(rank, std::string("capacity combine: ") + fuscoGetLastError(comm));
+  if (cudaStreamSynchronize(st) != cudaSuccess) return report(rank, "capacity: stream failed");
+  const std::vector<uint8_t> got = recvX.download(need * rowOut);
+  if (got != s.d.recvX[rank]) report(rank, "capacity dispatch: recvX differs from the reference");
+  if (out.download() != moeRefCombine(s.p, s.d, s.expertOut, s.dt, s.hidden, s.weights)[rank])
+    report(rank, "capacity combine: out differs from the reference");
+  if (fuscoMoeHandleDestroy(h) != fuscoSuccess) report(rank, "fuscoMoeHandleDestroy failed");
 }
 
 // Capacity mode with rank 0 one row short: the plan and dispatch enqueue, nothing is written out
@@ -100,6 +130,7 @@ void runRank(int rank, int n, const fuscoUniqueId& id) {
         if (fuscoMoeHandleDestroy(h) != fuscoSuccess) report(rank, "fuscoMoeHandleDestroy failed");
       }
     }
+    capacityRoundTrip(comm, rank, makeCombine(c, 0x5a417, fuscoBfloat16, 40), stream.get());
     capacityOverflow(comm, rank, makeCombine(c, 0x5a417, fuscoBfloat16, 40), stream.get());
   }
   r = fuscoCommDestroy(comm);
