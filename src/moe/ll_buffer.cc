@@ -2,6 +2,7 @@
 // or their host twin.
 #include "moe/ll_buffer.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "core/log.h"
@@ -39,6 +40,46 @@ std::string badSlotMessage(const char* fn, uint32_t bad, int numExperts) {
 
 fuscoResult_t hostCheckPeer(void* ctx, int peer) {
   return static_cast<Communicator*>(ctx)->checkPeer(peer);
+}
+
+// The config fields every rank must pass alike: each sizes the buffer's layout that peers write
+// into, so a difference would have them write past it; like every value ranks must pass alike it
+// is fuscoInvalidUsage on every rank (docs/API.md, "The collective error rule").
+constexpr int kAgreedFields = 4;
+constexpr const char* kFieldNames[kAgreedFields] = {"maxTokensPerRank", "hidden", "numExperts",
+                                                    "maxTopk"};
+
+std::string configWords(const LlConfig& c) {
+  return std::to_string(c.maxTokensPerRank) + " " + std::to_string(c.hidden) + " " +
+         std::to_string(c.numExperts) + " " + std::to_string(c.maxTopk);
+}
+
+// Every rank's outcome of its checks (all[p]: its config's words, or "-" and its message), the
+// same verdict on every rank: the first rank that failed its checks, else the first field in
+// which some rank's config differs from rank 0's, named with both values.
+fuscoResult_t agreeOnConfig(const Communicator& c, const ArgCheck& a,
+                            const std::vector<std::string>& all) {
+  if (!a.ok()) return FUSCO_FAIL(a.status, kApi, "%s", a.message.c_str());
+  for (int p = 0; p < c.nranks(); ++p)
+    if (!all[p].empty() && all[p][0] == '-')
+      return FUSCO_FAIL(fuscoRemoteError, kApi, "fuscoLowLatencyCreate failed on rank %d: %s", p,
+                        all[p].c_str() + 1);
+  long long first[kAgreedFields] = {};
+  for (int p = 0; p < c.nranks(); ++p) {
+    long long v[kAgreedFields] = {};
+    if (std::sscanf(all[p].c_str(), "%lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3]) != 4)
+      return FUSCO_FAIL(fuscoRemoteError, kApi,
+                        "fuscoLowLatencyCreate: rank %d sent a malformed config", p);
+    for (int f = 0; f < kAgreedFields; ++f) {
+      if (p == 0) first[f] = v[f];
+      if (v[f] != first[f])
+        return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                          "fuscoLowLatencyCreate: config->%s differs between ranks: %lld on rank "
+                          "0, %lld on rank %d; every rank must pass the same config",
+                          kFieldNames[f], first[f], v[f], p);
+    }
+  }
+  return fuscoSuccess;
 }
 
 }  // namespace
@@ -113,6 +154,11 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
                       "fuscoLowLatencyCreate: every rank must reach every other through mapped "
                       "memory (one node); these %d ranks form %d nodes",
                       c.nranks(), c.nodes().numNodes);
+  // The configs first, before anything is allocated or mapped: a rank sized differently would
+  // write past its peers' buffers.
+  std::vector<std::string> cfgs;
+  FUSCO_CHECK(c.bootstrap().allGather(a.ok() ? configWords(cfg) : "-" + a.message, &cfgs));
+  FUSCO_CHECK(agreeOnConfig(c, a, cfgs));
   std::unique_ptr<LowLatency> l(new LowLatency(c));
   l->cfg_ = cfg;
   uint64_t token = 0;

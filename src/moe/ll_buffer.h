@@ -36,7 +36,8 @@ struct LlCall {
 class LowLatency {
  public:
   ~LowLatency();
-  // Collective: checks cfg (a on this rank), allocates and maps; every rank fails alike.
+  // Collective: checks cfg (a on this rank) and that every rank passed the same, then allocates
+  // and maps; every rank fails alike, before anything is allocated when the configs differ.
   static fuscoResult_t create(Communicator& c, const LlConfig& cfg, ArgCheck a,
                               std::unique_ptr<LowLatency>* out);
   // Collective: the calls on every rank are done, then the memory goes.

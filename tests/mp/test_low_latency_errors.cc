@@ -209,6 +209,68 @@ TEST(LowLatencyCreate, BadConfigFieldsAreInvalidArgument) {
   });
 }
 
+// Create is collective and every field of the config sizes the buffers peers write into: a field
+// that differs on one rank fails create on every rank with fuscoInvalidUsage (a value ranks must
+// pass alike, docs/API.md "The collective error rule") naming the field and both values, writes no
+// handle and nothing into other memory of the comm (a fuscoMemAlloc buffer of seeded bytes stays as
+// it was), and the same config on every rank then works.
+TEST(LowLatencyCreate, ConfigsThatDifferBetweenRanksFailEveryRankNamingTheField) {
+  const uint64_t seed = fusco::test::testSeed();
+  runRanks(2, [seed](const RankCtx& ctx) {
+    fuscoConfig_t cfg = fusco::test::llCommConfig(ctx, 20000);
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    const size_t bytes = 1 << 20;
+    void* mem = nullptr;
+    FUSCO_ASSERT_OK(comm, fuscoMemAlloc(comm, &mem, bytes));
+    std::vector<uint8_t> want(bytes);
+    uint64_t s = seed * 31 + ctx.rank;
+    for (auto& b : want) b = static_cast<uint8_t>((s = s * 6364136223846793005ull + 1) >> 56);
+    std::memcpy(mem, want.data(), bytes);
+    const LlCase c = limitsCase(2);
+    struct Differ {
+      const char* field;
+      int mine, other;  // rank 0's value, rank 1's
+      std::function<void(fuscoLowLatencyConfig_t&, int)> set;
+    };
+    const std::vector<Differ> cases = {
+        {"hidden", 96, 4096, [](auto& f, int v) { f.hidden = v; }},
+        {"maxTopk", 2, 8, [](auto& f, int v) { f.maxTopk = v; }},
+        {"maxTokensPerRank", 16, 64, [](auto& f, int v) { f.maxTokensPerRank = v; }},
+        {"numExperts", 8, 16, [](auto& f, int v) { f.numExperts = v; }},
+    };
+    for (const Differ& d : cases) {
+      const std::string what = std::string(d.field) + " " + std::to_string(d.mine) +
+                               " on rank 0, " + std::to_string(d.other) + " on rank 1";
+      fuscoLowLatencyConfig_t f = fusco::test::llConfig(c);
+      d.set(f, ctx.rank == 0 ? d.mine : d.other);
+      fuscoLowLatency_t ll = reinterpret_cast<fuscoLowLatency_t>(0x1);
+      const double t0 = nowSec();
+      const fuscoResult_t r = fuscoLowLatencyCreate(&ll, comm, &f);
+      const std::string msg = fuscoGetLastError(comm);
+      EXPECT_LT(nowSec() - t0, kPromptSec) << what;
+      EXPECT_EQ(r, fuscoInvalidUsage) << what << ": " << fuscoGetErrorString(r) << ": " << msg;
+      EXPECT_NE(msg.find(std::string("config->") + d.field), std::string::npos)
+          << what << ": " << msg;
+      EXPECT_NE(msg.find(std::to_string(d.mine) + " on rank 0"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(d.other) + " on rank 1"), std::string::npos) << msg;
+      if (r == fuscoSuccess) {
+        fuscoLowLatencyDestroy(ll);  // the old behaviour: keep the ranks in step
+      } else {
+        EXPECT_EQ(ll, reinterpret_cast<fuscoLowLatency_t>(0x1)) << what << ": handle written";
+      }
+      EXPECT_EQ(std::memcmp(mem, want.data(), bytes), 0) << what << ": other memory written";
+    }
+    fuscoLowLatency_t ll = fusco::test::llCreate(comm, c);
+    ASSERT_NE(ll, nullptr);
+    fusco::test::llRoundChecked(comm, ll, ctx, makeLlInputs(c, seed), LlRound{},
+                                "after configs that differed");
+    FUSCO_EXPECT_OK(comm, fuscoLowLatencyDestroy(ll));
+    EXPECT_EQ(std::memcmp(mem, want.data(), bytes), 0) << "other memory written by the round";
+    FUSCO_EXPECT_OK(comm, fuscoMemFree(comm, mem));
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
 // Two virtual nodes (localSize 1): the ranks cannot map each other's memory, so every rank's
 // create is fuscoInvalidUsage, and the comm still moves data.
 TEST(LowLatencyCreate, RanksOnTwoNodesAreInvalidUsage) {
