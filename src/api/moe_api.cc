@@ -271,6 +271,8 @@ fuscoResult_t fuscoMoeGetRecvCountsDevice(fuscoMoeHandle_t handle, const int64_t
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetRecvCountsDevice: numRecvRows is NULL");
+    // The counts it points at are the rejected routing's after a failed replan.
+    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeGetRecvCountsDevice");
     return moeRecvCountsDevice(handle->impl, numRecvRows, tokensPerLocalExpert);
   });
 }

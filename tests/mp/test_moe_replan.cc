@@ -169,8 +169,9 @@ struct Args {
   void* stream;
 };
 
-// Dispatch, combine and the receive counts on an unplanned handle: fuscoInvalidUsage on this rank
-// alone, at once, saying that the last replan failed; the stats still answer.
+// Dispatch, combine and the receive counts (host and device) on an unplanned handle:
+// fuscoInvalidUsage on this rank alone, at once, saying that the last replan failed; the stats
+// still answer.
 void expectUnplanned(fuscoComm_t comm, fuscoMoeHandle_t h, const CombineSetup& s, int rank,
                      const std::string& w) {
   std::vector<uint8_t> buf(1 << 16);
@@ -189,6 +190,17 @@ void expectUnplanned(fuscoComm_t comm, fuscoMoeHandle_t h, const CombineSetup& s
   EXPECT_EQ(rc, fuscoInvalidUsage) << w << ": combine on an unplanned handle";
   EXPECT_EQ(rn, fuscoInvalidUsage) << w << ": receive counts of an unplanned handle";
   EXPECT_EQ(rows, 12345u) << w << ": numRecvRows written on failure";
+  // The device variant refuses alike (on any planner), before saying anything of the planner,
+  // and writes neither pointer: the counts it would point at are the rejected routing's.
+  const int64_t* const unset = reinterpret_cast<const int64_t*>(&rows);
+  const int64_t *devRows = unset, *devPerExpert = unset;
+  const fuscoResult_t rv = fuscoMoeGetRecvCountsDevice(h, &devRows, &devPerExpert);
+  const std::string dmsg = fuscoGetLastError(nullptr);
+  EXPECT_EQ(rv, fuscoInvalidUsage) << w << ": device receive counts of an unplanned handle";
+  EXPECT_NE(dmsg.find("fuscoMoeGetRecvCountsDevice"), std::string::npos) << w << ": '" << dmsg;
+  EXPECT_NE(dmsg.find("fuscoMoeReplan failed"), std::string::npos) << w << ": '" << dmsg << "'";
+  EXPECT_EQ(devRows, unset) << w << ": numRecvRows written on failure";
+  EXPECT_EQ(devPerExpert, unset) << w << ": tokensPerLocalExpert written on failure";
   fuscoMoeStats_t st{};
   st.size = sizeof st;
   FUSCO_EXPECT_OK(comm, fuscoMoeGetStats(h, &st));
