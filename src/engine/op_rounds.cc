@@ -200,6 +200,7 @@ void OpRunner::checkPairs() {
     } else if (m.sendBytes != t.recvBytes || m.recvBytes != t.sendBytes) {
       state_[p] = PairState::Mismatch;
       auto str = [](const std::vector<uint64_t>& v) {
+        if (v.empty()) return std::string("nothing (0 messages)");
         std::string s;
         for (size_t i = 0; i < v.size() && i < 4; ++i) s += (i ? "," : "") + std::to_string(v[i]);
         return s + (v.size() > 4 ? ",..." : "") + " (" + std::to_string(v.size()) + " messages)";

@@ -221,6 +221,34 @@ TEST(BadInput, MismatchedAllToAllvCountsFailEveryRank) {
   });
 }
 
+// Both ranks of a pair send in a group and neither receives: fuscoInvalidUsage on both, whose
+// message states every count, an empty side as "nothing (0 messages)", never as a blank; the
+// comm stays usable (a bit-exact all-to-all afterwards).
+TEST(BadInput, UnpairedSendsNameEveryCountInTheMismatchMessage) {
+  runRanks(2, [](const RankCtx& ctx) {
+    fuscoConfig_t cfg = badInputConfig();
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    const int peer = 1 - ctx.rank;
+    std::vector<int32_t> send(10, 5);
+    Timed t = timed([&] {
+      FUSCO_EXPECT_OK(comm, fuscoGroupStart());
+      FUSCO_EXPECT_OK(comm, fuscoSend(send.data(), 10, fuscoInt32, peer, comm, nullptr));
+      return fuscoGroupEnd();
+    });
+    const std::string msg = fuscoGetLastError(comm);
+    EXPECT_LT(t.sec, kPromptSec);
+    EXPECT_EQ(t.r, fuscoInvalidUsage) << msg;
+    const std::string me = std::to_string(ctx.rank), other = std::to_string(peer);
+    const std::string want = "this rank (" + me + ") sends 40 (1 messages) and expects nothing " +
+                             "(0 messages); rank " + other + " expects nothing (0 messages) and " +
+                             "sends 40 (1 messages)";
+    EXPECT_NE(msg.find(want), std::string::npos) << "'" << msg << "'";
+    EXPECT_FALSE(std::regex_search(msg, std::regex("(sends|expects) +\\("))) << "'" << msg << "'";
+    expectUsable(comm, ctx, 41, "unpaired sends");
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
 // Point-to-point arguments are checked locally: no peer is involved.
 TEST(BadInput, SendRecvWithInvalidPeerOrNullBufferIsInvalidArgument) {
   runRanks(2, [](const RankCtx& ctx) {
