@@ -285,10 +285,13 @@ fuscoResult_t OpRunner::decideCollective() {
   for (int p = 0; p < n_; ++p)
     if (state_[p] == PairState::Mismatch)
       return validationError(fuscoInvalidUsage, "%s: %s", op_.name, pairMsg_[p]);
-  return validationError(
-      first.status == fuscoInvalidArgument ? fuscoInvalidUsage : fuscoRemoteError, "%s",
-      std::string(op_.name) + " failed on rank " + std::to_string(first.culprit) + ": " +
-          first.message);
+  fuscoResult_t r = first.status == fuscoInvalidArgument ? fuscoInvalidUsage : fuscoRemoteError;
+  // A late check (a capacity plan's sizes, Op::late) fails as a CUDA comm reports it
+  // asynchronously: fuscoInvalidArgument on every rank (docs/API.md, "Capacity mode").
+  if (op_.late && first.status == fuscoInvalidArgument) r = fuscoInvalidArgument;
+  return validationError(r, "%s",
+                         std::string(op_.name) + " failed on rank " +
+                             std::to_string(first.culprit) + ": " + first.message);
 }
 
 // A later operation of a call every rank already validated has no verdict round. A rank that

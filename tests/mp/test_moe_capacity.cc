@@ -127,8 +127,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, MoeCapacity, ::testing::Values(1, 2, 3, 4),
                            return std::to_string(i.param) + "ranks";
                          });
 
-// Rank 0's capacity one row short: every rank's plan fails, rank 0 naming what it needs and what
-// it has; an exact capacity then works on the same comm.
+// Rank 0's capacity one row short: every rank's plan fails with fuscoInvalidArgument naming what
+// rank 0 needs and what it has; an exact capacity then works on the same comm.
 TEST(MoeCapacityErrors, OneRowShortFailsOnEveryRankWithTheNumbers) {
   const uint64_t seed = fusco::test::testSeed();
   runRanks(3, [seed](const RankCtx& ctx) {
@@ -148,6 +148,16 @@ TEST(MoeCapacityErrors, OneRowShortFailsOnEveryRankWithTheNumbers) {
           << msg;
       EXPECT_NE(msg.find("recvCapacity of " + std::to_string(need - 1)), std::string::npos) << msg;
     }
+    {
+      // docs/API.md, "Capacity mode": fuscoInvalidArgument on every rank, with rank 0's numbers.
+      const std::string msg = fuscoGetLastError(comm);
+      const size_t need0 = s.d.numRecvRows[0];
+      EXPECT_EQ(r, fuscoInvalidArgument) << fuscoGetErrorString(r) << ": " << msg;
+      EXPECT_NE(msg.find("rank 0: the routing needs " + std::to_string(need0) + " receive rows"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("recvCapacity of " + std::to_string(need0 - 1)), std::string::npos) << msg;
+    }
     h = planCapacity(comm, ctx, s, FUSCO_DEDUP_RANK, need, &r);
     FUSCO_ASSERT_OK(comm, r);
     dispatchAndCombine(comm, ctx, s, h, need, "exact capacity after an overflow");
@@ -156,8 +166,8 @@ TEST(MoeCapacityErrors, OneRowShortFailsOnEveryRankWithTheNumbers) {
   });
 }
 
-// An invalid id on rank 1 fails every rank's plan, rank 1 naming the token and slot; a capacity
-// of 0 is refused on every rank.
+// An invalid id on rank 1 fails every rank's plan with fuscoInvalidArgument naming the token and
+// slot; a capacity of 0 is refused on every rank.
 TEST(MoeCapacityErrors, InvalidIdAndZeroCapacityFailOnEveryRank) {
   const uint64_t seed = fusco::test::testSeed();
   runRanks(2, [seed](const RankCtx& ctx) {
@@ -171,6 +181,12 @@ TEST(MoeCapacityErrors, InvalidIdAndZeroCapacityFailOnEveryRank) {
     EXPECT_EQ(h, nullptr);
     if (ctx.rank == 1) {
       const std::string msg = fuscoGetLastError(comm);
+      EXPECT_NE(msg.find("token 5 slot 2"), std::string::npos) << msg;
+    }
+    {
+      // docs/API.md, "Capacity mode": fuscoInvalidArgument on every rank, naming token and slot.
+      const std::string msg = fuscoGetLastError(comm);
+      EXPECT_EQ(r, fuscoInvalidArgument) << fuscoGetErrorString(r) << ": " << msg;
       EXPECT_NE(msg.find("token 5 slot 2"), std::string::npos) << msg;
     }
     h = planCapacity(comm, ctx, s, FUSCO_DEDUP_RANK, 0, &r);
