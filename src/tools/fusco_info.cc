@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "device/cuda_rt.h"
 #include "fusco.h"
 #include "transport/transport.h"
 
@@ -45,10 +46,7 @@ int main(int argc, char** argv) {
   printParams();
   printf("\ntransports:\n");
   for (const auto* t : fusco::transportList()) printf("  %s\n", t->name);
-#ifdef FUSCO_HAVE_CUDA_BUILD
-  printf("cuda: compiled in\n");
-#else
-  printf("cuda: not compiled in\n");
-#endif
+  // What the device layer was built with (FUSCO_HAVE_CUDA there), not a macro of this file's.
+  printf("cuda: %s\n", fusco::cudaBuilt() ? "compiled in" : "not compiled in");
   return 0;
 }
