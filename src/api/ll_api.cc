@@ -93,6 +93,18 @@ ArgCheck checkCombine(fuscoComm_t comm, const LowLatency& l, const fuscoLowLaten
     a.fail("%s: dispatched is NULL or not the output of fuscoLowLatencyDispatch", fn);
     return a;
   }
+  // A dispatch made with or followed on its half by one with FUSCO_LL_RECV_HOOK carries a hook
+  // unique to it: one that is not the half's last is stale (docs/API.md, "Low-latency dispatch
+  // and combine"). Two dispatches without the flag look alike, so that order stays the caller's.
+  if (a.ok() && d->hook != l.hookOn(d->buffer)) {
+    a.fail(
+        "%s: dispatched (hook %llu) is not the last dispatch on buffer %d (hook %llu): the "
+        "buffer was dispatched again since and holds that dispatch's rows; a combine must come "
+        "before the dispatch two calls later",
+        fn, d->hook, d->buffer, l.hookOn(d->buffer));
+    a.status = fuscoInvalidUsage;
+    return a;
+  }
   if (l.tokensOn(d->buffer) != call.numTokens || l.topkOn(d->buffer) != call.topk)
     a.fail("%s: numTokens %d and topk %d differ from the dispatch's %d and %d on buffer %d", fn,
            call.numTokens, call.topk, l.tokensOn(d->buffer), l.topkOn(d->buffer), d->buffer);

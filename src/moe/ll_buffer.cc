@@ -313,6 +313,7 @@ fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t
   ++dispatches_;
   halfTokens_[cl.half] = cl.numTokens;
   halfTopk_[cl.half] = cl.topk;
+  halfHook_[cl.half] = 0;
   const ll::Args a = argsFor(cl);
   const uint32_t send = ll::bit(ll::kDispatchSend), recv = ll::bit(ll::kDispatchRecv);
   FUSCO_CHECK(run(a, cl.hook ? send : send | recv, stream));
@@ -321,6 +322,7 @@ fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t
     o.hook = kHookTag | ++nextHook_;
     hooks_[o.hook] = {a, recv};
   }
+  halfHook_[cl.half] = o.hook;
   char* half = buf_ + static_cast<uint64_t>(cl.half) * layout_.halfBytes;
   o.buffer = cl.half;
   o.format = cl.format;

@@ -52,6 +52,9 @@ class LowLatency {
   // The numTokens and topk of the last dispatch on half h (-1: none yet).
   int tokensOn(int h) const { return halfTokens_[h]; }
   int topkOn(int h) const { return halfTopk_[h]; }
+  // The hook of the last dispatch on half h (0: none, or made without FUSCO_LL_RECV_HOOK): the
+  // one field that tells a dispatch from the half's later ones, so a stale combine is refused.
+  unsigned long long hookOn(int h) const { return halfHook_[h]; }
 
  private:
   explicit LowLatency(Communicator& c) : c_(c), device_(c.memType() == fuscoMemCuda) {}
@@ -77,6 +80,7 @@ class LowLatency {
   uint64_t* peersDev_ = nullptr;           // the same, in device memory (CUDA comms)
   uint64_t dispatches_ = 0;
   int halfTokens_[2] = {-1, -1}, halfTopk_[2] = {-1, -1};
+  unsigned long long halfHook_[2] = {0, 0};
   uint64_t nextHook_ = 0;
   std::map<uint64_t, std::pair<ll::Args, uint32_t>> hooks_;  // hook -> (arguments, phase bits)
   // CUDA comms: the last launch on each half, which the next one (on any stream) waits for, so

@@ -251,6 +251,53 @@ TEST(LowLatencyHook, TwoDispatchesAndTwoCombinesInFlightUseBothBuffers) {
   });
 }
 
+// The order the user ran: Dispatch(d0), Dispatch(d1), Combine(d1), Combine(d0),
+// Dispatch(d2) (which reuses d0's half), Combine(d0) again. d2 has a hook, and d0 has one or not:
+// the stale combine is fuscoInvalidUsage on every rank, saying so, and writes nothing into `out`;
+// d2's combine is then exact. (Two dispatches without FUSCO_LL_RECV_HOOK carry nothing that
+// tells them apart; docs/API.md leaves that order to the caller.)
+TEST(LowLatencyHook, CombiningAStaleDispatchIsInvalidUsage) {
+  const uint64_t seed = fusco::test::testSeed();
+  runRanks(2, [seed](const RankCtx& ctx) {
+    fuscoConfig_t cfg = fusco::test::llCommConfig(ctx);
+    fuscoComm_t comm = initComm(ctx, &cfg);
+    const LlCase c = combineCase(2, 64);
+    for (bool hookedD0 : {true, false}) {
+      const std::string w = hookedD0 ? "d0 with a hook" : "d0 without a hook";
+      const LlInputs in0 = makeLlInputs(c, seed), in1 = makeLlInputs(c, seed + 1),
+                     in2 = makeLlInputs(c, seed + 2);
+      fuscoLowLatency_t ll = fusco::test::llCreate(comm, c);
+      ASSERT_NE(ll, nullptr);
+      LlRound o0, o1, o2;
+      o0.hook = hookedD0;
+      o1.buffer = 1;
+      o2.hook = true;
+      fuscoLowLatencyDispatch_t d0, d1, d2;
+      LlRecv got0, got1, got2;
+      ASSERT_TRUE(fusco::test::llDispatchChecked(comm, ll, ctx, in0, o0, w + ", d0", &d0, &got0));
+      ASSERT_TRUE(fusco::test::llDispatchChecked(comm, ll, ctx, in1, o1, w + ", d1", &d1, &got1));
+      fusco::test::llCombineChecked(comm, ll, ctx, in1, o1, d1, got1, w + ", d1");
+      fusco::test::llCombineChecked(comm, ll, ctx, in0, o0, d0, got0, w + ", d0");
+      ASSERT_TRUE(fusco::test::llDispatchChecked(comm, ll, ctx, in2, o2, w + ", d2", &d2, &got2));
+      const size_t bytes = static_cast<size_t>(c.numTokens[ctx.rank]) * c.hidden * 2;
+      std::vector<uint8_t> out(bytes + kLlTailBytes, fusco::test::kPoison);
+      const fuscoResult_t r = fusco::test::llCombineCall(
+          ll, &d0, in0, ctx.rank, fusco::test::llExpertOut(c, FUSCO_LL_BF16, ctx.rank, got0), true,
+          0, bytes ? out.data() : nullptr, nullptr);
+      const std::string msg = fuscoGetLastError(comm);
+      EXPECT_EQ(r, fuscoInvalidUsage) << w << ": " << fuscoGetErrorString(r) << ": " << msg;
+      EXPECT_NE(msg.find("fuscoLowLatencyCombine"), std::string::npos) << w << ": " << msg;
+      EXPECT_NE(msg.find("not the last dispatch on buffer 0"), std::string::npos)
+          << w << ": " << msg;
+      EXPECT_EQ(fusco::test::findNotPoison(out.data(), out.size()), SIZE_MAX)
+          << w << ": the refused combine wrote out";
+      fusco::test::llCombineChecked(comm, ll, ctx, in2, o2, d2, got2, w + ", d2 after the refusal");
+      FUSCO_EXPECT_OK(comm, fuscoLowLatencyDestroy(ll));
+    }
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+  });
+}
+
 // Ten calls, dispatch and combine alternating, each pair with its own routing, token counts,
 // top-k, format, weights and hooks; every result exact and the halves alternating.
 TEST(LowLatencySequence, TenAlternatingCallsWithDifferentRoutings) {
