@@ -1,7 +1,6 @@
 // NCCL-compatible all-to-all entry points: fuscoAllToAll(v), groups, send/recv and the row
 // primitives fuscoGatherSend / fuscoScatterRecv. Each builds an engine Op; a rank whose own
 // arguments are invalid still runs the Op's header exchange (with its error) so no peer waits.
-#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,60 +8,24 @@
 #include "api/api_internal.h"
 #include "core/checked_math.h"
 #include "engine/collective_ops.h"
+#include "engine/group_calls.h"
 #include "plan/layout_check.h"
 
 using namespace fusco;
 
 namespace {
 
-// ------------------------------------------------------------------ groups
-struct PendingCall {
-  fuscoComm_t comm;
-  P2pCall call;
-  ArgCheck check;
-};
-
-struct GroupState {
-  int depth = 0;
-  std::vector<PendingCall> calls;
-};
-thread_local GroupState tGroup;
-
-// The communicators of a group, each once, in an order every rank agrees on: by their tag, which
-// is the same on every rank of a communicator (pointers and call order are not). Each runs one
-// engine operation, and an operation waits only for ranks of its own communicator; with one order
-// for all, no two ranks can wait for each other on two communicators in opposite orders, however
-// the calls were added. A comm that is not live sorts first (its operation fails at once).
-std::vector<fuscoComm_t> groupComms(const std::vector<PendingCall>& calls) {
-  std::vector<std::pair<uint64_t, fuscoComm_t>> comms;
-  for (const auto& c : calls) {
-    if (std::any_of(comms.begin(), comms.end(), [&](const auto& x) { return x.second == c.comm; }))
-      continue;
-    comms.push_back({commIsLive(c.comm) ? c.comm->impl->commTag() : 0, c.comm});
-  }
-  std::stable_sort(comms.begin(), comms.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<fuscoComm_t> out;
-  for (const auto& x : comms) out.push_back(x.second);
-  return out;
-}
+uint64_t commTagOf(fuscoComm_t comm) { return commIsLive(comm) ? comm->impl->commTag() : 0; }
 
 fuscoResult_t runGroup(std::vector<PendingCall> calls) {
-  const std::vector<fuscoComm_t> comms = groupComms(calls);
+  const std::vector<fuscoComm_t> comms = groupComms(calls, commTagOf);
   fuscoResult_t first = fuscoSuccess;
   std::string firstMsg;
   for (fuscoComm_t comm : comms) {
     fuscoResult_t r = guarded(comm, "fuscoGroupEnd", CallKind::Group, [&]() -> fuscoResult_t {
       FUSCO_CHECK(checkComm(comm, "fuscoGroupEnd"));
       ArgCheck a;
-      std::vector<P2pCall> mine;
-      for (const auto& c : calls) {
-        if (c.comm != comm) continue;
-        if (!c.check.ok() && a.ok()) a = c.check;
-        mine.push_back(c.call);
-      }
-      const std::string overlap = a.ok() ? groupOverlap(mine, isCudaComm(comm)) : "";
-      if (!overlap.empty()) a.fail("%s", overlap.c_str());
+      const std::vector<P2pCall> mine = groupCallsOf(calls, comm, isCudaComm(comm), &a);
       Op op = groupOp(comm->impl->nranks(), mine);
       return runOp(*comm->impl, op, a);
     });
@@ -83,8 +46,8 @@ fuscoResult_t enqueue(PendingCall call, const char* fn) {
     call.check.fail("%s: peer %d is outside [0, %d)", fn, call.call.peer, n);
   fuscoResult_t own = call.check.status;
   std::string ownMsg = call.check.message;
-  if (tGroup.depth > 0) {
-    tGroup.calls.push_back(call);
+  if (threadGroup().depth > 0) {
+    threadGroup().calls.push_back(call);
     if (own != fuscoSuccess) return FUSCO_FAIL(own, kApi, "%s", ownMsg.c_str());
     return fuscoSuccess;
   }
@@ -116,20 +79,6 @@ fuscoResult_t sendOrRecv(bool send, const void* buf, size_t count, fuscoDataType
   if (es == 0) c.check.fail("%s: invalid datatype %d", fn, rawEnum(datatype));
   if (!fits) c.check.fail("%s: count %zu x %zu-byte elements overflows a byte size", fn, count, es);
   return enqueue(c, fn);
-}
-
-// Row indices of a host comm are checked (plan/layout_check.h); a CUDA comm's live on the device
-// (reading them would stall the caller's stream), so only their presence is checked.
-void checkRows(fuscoComm_t comm, const int64_t* rows, size_t nrows, size_t rowBytes, bool unique,
-               const char* fn, ArgCheck* a) {
-  std::string msg;
-  size_t bytes = 0;
-  if (nrows > 0 && rows == nullptr) return a->fail("%s: rowIdx is NULL with %zu rows", fn, nrows);
-  if (rowBytes == 0) return a->fail("%s: rowBytes is 0", fn);
-  if (!checkedMul(nrows, rowBytes, &bytes))
-    return a->fail("%s: nrows %zu x rowBytes %zu overflows a byte size", fn, nrows, rowBytes);
-  if (!commIsLive(comm) || isCudaComm(comm)) return;
-  if (!checkRowIndices(rows, nrows, rowBytes, unique, fn, &msg)) a->fail("%s", msg.c_str());
 }
 
 }  // namespace
@@ -199,18 +148,18 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[],
 }
 
 fuscoResult_t fuscoGroupStart(void) {
-  tGroup.depth++;
+  threadGroup().depth++;
   return fuscoSuccess;
 }
 
 fuscoResult_t fuscoGroupEnd(void) {
   return guarded(nullptr, "fuscoGroupEnd", [&]() -> fuscoResult_t {
-    if (tGroup.depth == 0)
+    if (threadGroup().depth == 0)
       return FUSCO_FAIL(fuscoInvalidUsage, kApi,
                         "fuscoGroupEnd without a matching fuscoGroupStart");
-    if (--tGroup.depth > 0) return fuscoSuccess;
+    if (--threadGroup().depth > 0) return fuscoSuccess;
     std::vector<PendingCall> calls;
-    calls.swap(tGroup.calls);
+    calls.swap(threadGroup().calls);
     return runGroup(std::move(calls));
   });
 }
@@ -234,7 +183,8 @@ fuscoResult_t fuscoGatherSend(const void* sendbuff, const int64_t* rowIdx, size_
   return guarded(comm, "fuscoGatherSend", [&]() -> fuscoResult_t {
     PendingCall c =
         makeCall(comm, true, peer, sendbuff, rowBytes, rowIdx, nrows, stream, "fuscoGatherSend");
-    checkRows(comm, rowIdx, nrows, rowBytes, false, "fuscoGatherSend", &c.check);
+    checkGroupRows(rowIdx, nrows, rowBytes, false, !commIsLive(comm) || isCudaComm(comm),
+                   "fuscoGatherSend", &c.check);
     return enqueue(c, "fuscoGatherSend");
   });
 }
@@ -244,7 +194,8 @@ fuscoResult_t fuscoScatterRecv(void* recvbuff, const int64_t* rowIdx, size_t nro
   return guarded(comm, "fuscoScatterRecv", [&]() -> fuscoResult_t {
     PendingCall c =
         makeCall(comm, false, peer, recvbuff, rowBytes, rowIdx, nrows, stream, "fuscoScatterRecv");
-    checkRows(comm, rowIdx, nrows, rowBytes, true, "fuscoScatterRecv", &c.check);
+    checkGroupRows(rowIdx, nrows, rowBytes, true, !commIsLive(comm) || isCudaComm(comm),
+                   "fuscoScatterRecv", &c.check);
     return enqueue(c, "fuscoScatterRecv");
   });
 }

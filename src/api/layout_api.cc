@@ -2,12 +2,9 @@
 // fuscoLayoutCreate, then run many times by fuscoShuffle. Rows are gathered straight from the
 // send buffer and scattered straight into their final rows; no permuted copy is built.
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "api/api_internal.h"
 #include "engine/layout_op.h"
-#include "plan/layout_check.h"
 
 using namespace fusco;
 
@@ -16,17 +13,6 @@ struct fuscoLayout {
   uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
   fusco::LayoutPlan plan;
 };
-
-namespace {
-
-// Validation lives in plan/layout_check.h (pure, fuzzed); this adapts it to ArgCheck.
-void splitRows(const size_t counts[], const int64_t* rows, int n, const char* what,
-               std::vector<std::vector<int64_t>>* out, ArgCheck* a) {
-  std::string msg;
-  if (!splitLayoutRows(counts, rows, n, what, out, &msg)) a->fail("%s", msg.c_str());
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -44,14 +30,7 @@ fuscoResult_t fuscoLayoutCreate(fuscoLayout_t* layout, fuscoComm_t comm, size_t 
     ArgCheck a;
     if (layout == nullptr) a.fail("fuscoLayoutCreate: layout is NULL");
     if (rowBytes == 0) a.fail("fuscoLayoutCreate: rowBytes is 0");
-    splitRows(sendCounts, sendRows, n, "send", &plan.sendRows, &a);
-    splitRows(recvCounts, recvRows, n, "recv", &plan.recvRows, &a);
-    std::string msg;
-    if (a.ok() && rowBytes > 0 &&
-        (!checkLayoutRowExtent(plan.sendRows, rowBytes, "send", &msg) ||
-         !checkLayoutRowExtent(plan.recvRows, rowBytes, "recv", &msg)))
-      a.fail("%s", msg.c_str());
-    if (a.ok() && !checkUniqueRecvRows(plan.recvRows, &msg)) a.fail("%s", msg.c_str());
+    plan.setRows(n, rowBytes, sendCounts, sendRows, recvCounts, recvRows, &a);
     FUSCO_CHECK(plan.create(*comm->impl, a));
     registerLive(LiveKind::Layout, l.get());
     *layout = l.release();

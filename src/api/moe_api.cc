@@ -2,12 +2,10 @@
 // moe layer (src/moe/), which joins the collective even when a check failed so that peers fail
 // promptly (docs/API.md, "The collective error rule").
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "api/api_internal.h"
 #include "api/moe_inspect.h"
-#include "core/checked_math.h"
 #include "moe/moe.h"
 #include "moe/moe_config.h"
 
@@ -25,19 +23,7 @@ ArgCheck checkDispatch(fuscoComm_t comm, const MoeHandle& h, const void* x, size
                        void* recvX, void* stream) {
   ArgCheck a;
   checkStream(comm, stream, "fuscoMoeDispatch", &a);
-  if (rowBytes == 0) a.fail("fuscoMoeDispatch: rowBytes is 0");
-  size_t bytes = 0;
-  const size_t recvRows = h.recvRowsBound();
-  if (!checkedMul(recvRows, rowBytes, &bytes) || !checkedMul(h.numTokens, rowBytes, &bytes))
-    a.fail(
-        "fuscoMoeDispatch: rowBytes %zu x %zu received rows (or %zu tokens) overflows a byte "
-        "size",
-        rowBytes, recvRows, h.numTokens);
-  const size_t sendRows = h.sendRowsBound();
-  if (x == nullptr && sendRows > 0)
-    a.fail("fuscoMoeDispatch: x is NULL with %zu rows to send", sendRows);
-  if (recvX == nullptr && recvRows > 0)
-    a.fail("fuscoMoeDispatch: recvX is NULL with %zu rows to receive", recvRows);
+  moeCheckDispatch(h, x, rowBytes, recvX, &a);
   checkDevicePtr(comm, x, "fuscoMoeDispatch", "x", &a);
   checkDevicePtr(comm, recvX, "fuscoMoeDispatch", "recvX", &a);
   return a;
@@ -47,22 +33,7 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
                       size_t hidden, const float* topkWeights, void* out, void* stream) {
   ArgCheck a;
   checkStream(comm, stream, "fuscoMoeCombine", &a);
-  if (dt != fuscoFloat32 && dt != fuscoBfloat16 && dt != fuscoFloat16)
-    a.fail("fuscoMoeCombine: datatype %d is not fuscoFloat32, fuscoBfloat16 or fuscoFloat16", dt);
-  if (hidden == 0) a.fail("fuscoMoeCombine: hidden is 0");
-  size_t row = 0, bytes = 0;
-  const size_t es = dataTypeSize(static_cast<fuscoDataType_t>(a.ok() ? dt : fuscoFloat32));
-  const size_t recvRows = h.recvRowsBound();
-  if (!checkedMul(hidden, es, &row) || !checkedMul(recvRows, row, &bytes) ||
-      !checkedMul(h.numTokens, row, &bytes))
-    a.fail(
-        "fuscoMoeCombine: hidden %zu x %zu-byte elements x %zu rows (or %zu tokens) overflows "
-        "a byte size",
-        hidden, es, recvRows, h.numTokens);
-  if (expertOut == nullptr && recvRows > 0)
-    a.fail("fuscoMoeCombine: expertOut is NULL with %zu rows", recvRows);
-  if (out == nullptr && h.numTokens > 0)
-    a.fail("fuscoMoeCombine: out is NULL with %zu tokens", h.numTokens);
+  moeCheckCombine(h, expertOut, dt, hidden, out, &a);
   checkDevicePtr(comm, expertOut, "fuscoMoeCombine", "expertOut", &a);
   checkDevicePtr(comm, topkWeights, "fuscoMoeCombine", "topkWeights", &a);
   checkDevicePtr(comm, out, "fuscoMoeCombine", "out", &a);
@@ -112,15 +83,10 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
     if (numTokens > 0 && topkIdx == nullptr)
       a.fail("%s: topkIdx is NULL with %zu tokens", fn, numTokens);
     checkDevicePtr(comm, topkIdx, fn, "topkIdx", &a);
-    const fuscoResult_t r = planMoe(config, topkIdx, stream, a, &h->impl);
-    if (r != fuscoSuccess) {
-      // Operations it enqueued may still refer to it: when they cannot be waited for, the
-      // handle is left allocated rather than freed under them.
-      const std::string why = threadLastError();
-      if (moeQuiesce(h->impl) == fuscoSuccess) return r;
-      h.release();
-      return FUSCO_FAIL(r, kApi, "%s", why.c_str());  // the plan's failure, not the wait's
-    }
+    bool inUse = false;
+    const fuscoResult_t r = planNewMoe(config, topkIdx, stream, a, &h->impl, &inUse);
+    if (inUse) h.release();  // operations it enqueued may still refer to it
+    if (r != fuscoSuccess) return r;
     registerLive(LiveKind::MoeHandle, h.get());
     *handle = h.release();
     return fuscoSuccess;
@@ -212,18 +178,7 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
     if (!handle->impl.planned) return refuseUnplanned("fuscoMoeGetRecvCounts");
-    if (handle->impl.capacity != 0) {
-      if (comm == nullptr)
-        return FUSCO_FAIL(fuscoInvalidUsage, kApi,
-                          "fuscoMoeGetRecvCounts: the handle's communicator was destroyed");
-      FUSCO_CHECK(moeWaitPlan(handle->impl));
-    }
-    const MoeRecvPlan& recv = handle->impl.recv;
-    *numRecvRows = recv.numRecvRows;
-    if (tokensPerLocalExpert != nullptr)
-      for (size_t e = 0; e < recv.tokensPerLocalExpert.size(); ++e)
-        tokensPerLocalExpert[e] = recv.tokensPerLocalExpert[e];
-    return fuscoSuccess;
+    return moeRecvCounts(handle->impl, comm != nullptr, numRecvRows, tokensPerLocalExpert);
   });
 }
 
@@ -236,11 +191,7 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetStats: stats->size is %zu, expected %zu", stats->size,
                         sizeof(fuscoMoeStats_t));
-    {
-      std::lock_guard<std::mutex> lk(handle->impl.statsMu);
-      *stats = handle->impl.stats;
-    }
-    stats->size = sizeof(fuscoMoeStats_t);
+    moeCopyStats(handle->impl, stats);
     return fuscoSuccess;
   });
 }

@@ -1,10 +1,36 @@
 #include "engine/layout_op.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/result.h"
+#include "plan/layout_check.h"
 
 namespace fusco {
+
+namespace {
+
+// Validation lives in plan/layout_check.h (pure, fuzzed); this adapts it to ArgCheck.
+void splitRows(const size_t counts[], const int64_t* rows, int n, const char* what,
+               std::vector<std::vector<int64_t>>* out, ArgCheck* a) {
+  std::string msg;
+  if (!splitLayoutRows(counts, rows, n, what, out, &msg)) a->fail("%s", msg.c_str());
+}
+
+}  // namespace
+
+void LayoutPlan::setRows(int n, size_t bytes, const size_t sendCounts[], const int64_t* sendRowIdx,
+                         const size_t recvCounts[], const int64_t* recvRowIdx, ArgCheck* a) {
+  rowBytes = bytes;
+  splitRows(sendCounts, sendRowIdx, n, "send", &sendRows, a);
+  splitRows(recvCounts, recvRowIdx, n, "recv", &recvRows, a);
+  std::string msg;
+  if (a->ok() && rowBytes > 0 &&
+      (!checkLayoutRowExtent(sendRows, rowBytes, "send", &msg) ||
+       !checkLayoutRowExtent(recvRows, rowBytes, "recv", &msg)))
+    a->fail("%s", msg.c_str());
+  if (a->ok() && !checkUniqueRecvRows(recvRows, &msg)) a->fail("%s", msg.c_str());
+}
 
 size_t LayoutPlan::totalSendRows() const {
   size_t n = 0;

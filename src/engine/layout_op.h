@@ -21,6 +21,9 @@ struct LayoutPlan {
   DeviceBuffer deviceRows;
   std::vector<size_t> sendAt, recvAt;  // [nranks] offsets (in rows) into deviceRows
 
+  // fuscoLayoutCreate's lists: split per peer and checked (plan/layout_check.h) into *a.
+  void setRows(int n, size_t rowBytes, const size_t sendCounts[], const int64_t* sendRowIdx,
+               const size_t recvCounts[], const int64_t* recvRowIdx, ArgCheck* a);
   size_t totalSendRows() const;
   size_t totalRecvRows() const;
   // The collective check of fuscoLayoutCreate (counts agree pairwise; a rank whose own lists

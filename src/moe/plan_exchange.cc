@@ -4,6 +4,7 @@
 // land. NODE dedup adds its own steps (plan_node.cc). A replan writes the same lists into the
 // handle's storage, which keeps its capacity.
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/params.h"
@@ -194,6 +195,19 @@ fuscoResult_t planMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, vo
   h->names = h->capacity != 0 ? &kCapacityNames : &kPlanNames;
   configure(config, &a, h);
   return planWith(topkIdx, stream, a, h);
+}
+
+fuscoResult_t planNewMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx, void* stream,
+                         ArgCheck a, MoeHandle* h, bool* inUse) {
+  *inUse = false;
+  const fuscoResult_t r = planMoe(config, topkIdx, stream, a, h);
+  if (r == fuscoSuccess) return r;
+  // Operations it enqueued may still refer to it: when they cannot be waited for, the handle is
+  // left allocated rather than freed under them.
+  const std::string why = threadLastError();
+  if (moeQuiesce(*h) == fuscoSuccess) return r;
+  *inUse = true;
+  return FUSCO_FAIL(r, kApi, "%s", why.c_str());  // the plan's failure, not the wait's
 }
 
 fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void* stream,
