@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/bootstrap.h"
+#include "core/cuda_guard.h"
 #include "core/log.h"
 #include "core/result.h"
 #include "device/cuda_rt.h"
@@ -85,6 +87,10 @@ fuscoResult_t agreeOnConfig(const Communicator& c, const ArgCheck& a,
 }  // namespace
 
 LowLatency::~LowLatency() {
+  // The frees wait for the device: once nothing of the process waits (the comm may be gone).
+  CudaSetupWindow window;
+  if (device_ && window.open(paramTimeoutMs(), "fuscoLowLatencyDestroy") != fuscoSuccess)
+    FUSCO_WARN(kApi, "%s", threadLastError().c_str());
   if (device_) {
     cudaFreeMapped(hostWords_);
     if (peersDev_ != nullptr) cudaFreeDevice(peersDev_);
@@ -159,6 +165,10 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
   std::vector<std::string> cfgs;
   FUSCO_CHECK(c.bootstrap().allGather(a.ok() ? configWords(cfg) : "-" + a.message, &cfgs));
   FUSCO_CHECK(agreeOnConfig(c, a, cfgs));
+  // Allocation, the words' reset and the peers' mappings are setup calls (docs/DESIGN.md, "The
+  // CUDA rules"): they run once no operation of the process waits.
+  CudaSetupWindow window;
+  FUSCO_CHECK(c.setupWindow(&window, "fuscoLowLatencyCreate"));
   std::unique_ptr<LowLatency> l(new LowLatency(c));
   l->cfg_ = cfg;
   uint64_t token = 0;
