@@ -9,10 +9,10 @@ using namespace fnccl;
 namespace {
 
 ncclResult_t unserved(ncclComm_t comm, const char* call) {
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, call, &c);
   if (r != ncclSuccess) return r;
-  return fail(c, ncclInvalidUsage,
+  return fail(c.get(), ncclInvalidUsage,
               "%s is not served by fusco: standalone libfusco_nccl serves ncclAlltoAll and "
               "ncclSend/ncclRecv only. To run it, interpose a real NCCL: set "
               "FUSCO_NCCL_LIBRARY=/path/to/the/real/libnccl.so.2 (or LD_PRELOAD=libfusco_nccl.so "
@@ -27,7 +27,8 @@ ncclResult_t forwardOrQueue(ncclComm_t comm, std::function<ncclResult_t()> call)
     RealScope scope;
     return call();
   }
-  GroupOp op{GroupOp::Other, comm, -1, nullptr, nullptr, 0, ncclInt8, nullptr, std::move(call)};
+  GroupOp op{GroupOp::Other,  comm,   -1, nullptr, nullptr, 0, ncclInt8, nullptr,
+             std::move(call), nullptr};
   g.ops.push_back(std::move(op));
   return ncclSuccess;
 }
@@ -43,17 +44,17 @@ ncclResult_t runAllToAll(Comm* c, const void* s, void* r, size_t count, ncclData
 ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                  cudaStream_t stream) {
   const char* call = send ? "ncclSend" : "ncclRecv";
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, call, &c);
   if (r != ncclSuccess) return r;
-  logServed(c);
+  logServed(c.get());
   fuscoResult_t fr = send ? fuscoSend(buf, count, toFusco(t), peer, c->fc, stream)
                           : fuscoRecv(buf, count, toFusco(t), peer, c->fc, stream);
-  r = fromFusco(c, fr, call);
+  r = fromFusco(c.get(), fr, call);
   GroupState& g = group();
   if (g.depth > 0) {
     g.ops.push_back(GroupOp{send ? GroupOp::Send : GroupOp::Recv, comm, peer, buf, buf, count, t,
-                            stream, nullptr});
+                            stream, nullptr, c});
     if (r != ncclSuccess && g.sticky == ncclSuccess) g.sticky = r;
   }
   return r;
@@ -73,7 +74,7 @@ ncclResult_t interposeP2p(bool send, void* buf, size_t count, ncclDataType_t t, 
   GroupState& g = group();
   if (g.depth == 0) return call();
   g.ops.push_back(GroupOp{send ? GroupOp::Send : GroupOp::Recv, comm, peer, buf, buf, count, t,
-                          stream, std::move(call)});
+                          stream, std::move(call), nullptr});
   return ncclSuccess;
 }
 
@@ -83,8 +84,9 @@ ncclResult_t standaloneGroupEnd(GroupState& g) {
   if (r != ncclSuccess) {
     std::string msg = threadLastError();
     for (GroupOp& op : g.ops) {
-      Comm* c = reinterpret_cast<Comm*>(op.comm);
-      if (op.kind != GroupOp::AllToAll) fail(c, r, "%s", msg.c_str());
+      CommRef c = liveComm(op.comm);  // a comm destroyed meanwhile records nothing
+      if (c == nullptr) continue;
+      if (op.kind != GroupOp::AllToAll) fail(c.get(), r, "%s", msg.c_str());
       if (r == ncclRemoteError) c->asyncError = ncclRemoteError;
     }
   }
@@ -95,8 +97,10 @@ ncclResult_t standaloneGroupEnd(GroupState& g) {
   g.sticky = ncclSuccess;
   for (GroupOp& op : ops) {
     if (op.kind != GroupOp::AllToAll) continue;
-    ncclResult_t ar = runAllToAll(reinterpret_cast<Comm*>(op.comm), op.sbuf, op.rbuf, op.count,
-                                  op.type, op.stream);
+    CommRef c;
+    ncclResult_t ar = checkComm(op.comm, "ncclGroupEnd (ncclAlltoAll)", &c);
+    if (ar == ncclSuccess)
+      ar = runAllToAll(c.get(), op.sbuf, op.rbuf, op.count, op.type, op.stream);
     if (first == ncclSuccess) first = ar;
   }
   return first;
@@ -111,13 +115,13 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
   FNCCL_PASSTHROUGH(AlltoAll, sendbuff, recvbuff, count, datatype, comm, stream);
   if (global().mode == Mode::Interposer)
     return interposeAllToAll(sendbuff, recvbuff, count, datatype, comm, stream);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclAlltoAll", &c);
   if (r != ncclSuccess) return r;
   GroupState& g = group();
-  if (g.depth == 0) return runAllToAll(c, sendbuff, recvbuff, count, datatype, stream);
-  g.ops.push_back(
-      GroupOp{GroupOp::AllToAll, comm, -1, sendbuff, recvbuff, count, datatype, stream, nullptr});
+  if (g.depth == 0) return runAllToAll(c.get(), sendbuff, recvbuff, count, datatype, stream);
+  g.ops.push_back(GroupOp{GroupOp::AllToAll, comm, -1, sendbuff, recvbuff, count, datatype, stream,
+                          nullptr, c});
   return ncclSuccess;
 }
 

@@ -42,6 +42,20 @@ ncclResult_t checkConfig(const ncclConfig_t* config, const char* call) {
   return ncclSuccess;
 }
 
+// ncclCommDestroy and ncclCommAbort: the handle stops being live first, so a second call, or any
+// call made after, is refused without reading it. The record itself goes with the last reference
+// (a call still running on another thread, a group not ended yet).
+ncclResult_t endComm(ncclComm_t comm, bool abort, const char* call) {
+  if (comm == nullptr) return fail(nullptr, ncclInvalidArgument, "%s: comm is NULL", call);
+  CommRef c = unregisterComm(comm);
+  if (c == nullptr)
+    return fail(nullptr, ncclInvalidArgument,
+                "%s: comm %p is not a live communicator (destroyed or aborted already, or never "
+                "made)",
+                call, static_cast<void*>(comm));
+  return fromFusco(nullptr, abort ? fuscoCommAbort(c->fc) : fuscoCommDestroy(c->fc), call);
+}
+
 // Host allocations of ncclMemAlloc (host mode), told apart from device ones in ncclMemFree.
 std::mutex gHostAllocMu;
 std::set<void*> gHostAllocs;
@@ -80,8 +94,8 @@ const char* ncclGetLastError(ncclComm_t comm) {
     RealScope scope;
     return g.real.GetLastError(comm);
   }
-  Comm* c = reinterpret_cast<Comm*>(comm);
-  if (c != nullptr && c->magic == Comm::kMagic) {
+  CommRef c = comm != nullptr ? liveComm(comm) : nullptr;
+  if (c != nullptr) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (!c->lastError.empty()) return c->lastError.c_str();
   }
@@ -145,40 +159,28 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   FNCCL_FORWARD(CommFinalize, comm);
-  Comm* c = nullptr;
+  CommRef c;
   return checkComm(comm, "ncclCommFinalize", &c);  // fusco calls leave nothing in flight
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (global().mode == Mode::Interposer && comm != nullptr && !inReal()) dropSideRecord(comm);
   FNCCL_FORWARD(CommDestroy, comm);
-  Comm* c = nullptr;
-  ncclResult_t r = checkComm(comm, "ncclCommDestroy", &c);
-  if (r != ncclSuccess) return r;
-  r = fromFusco(nullptr, fuscoCommDestroy(c->fc), "ncclCommDestroy");
-  c->magic = 0;
-  delete c;
-  return r;
+  return endComm(comm, false, "ncclCommDestroy");
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (global().mode == Mode::Interposer && comm != nullptr && !inReal()) dropSideRecord(comm);
   FNCCL_FORWARD(CommAbort, comm);
-  Comm* c = nullptr;
-  ncclResult_t r = checkComm(comm, "ncclCommAbort", &c);
-  if (r != ncclSuccess) return r;
-  r = fromFusco(nullptr, fuscoCommAbort(c->fc), "ncclCommAbort");
-  c->magic = 0;
-  delete c;
-  return r;
+  return endComm(comm, true, "ncclCommAbort");
 }
 
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   FNCCL_FORWARD(CommRevoke, comm, revokeFlags);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommRevoke", &c);
   if (r != ncclSuccess) return r;
-  return fail(c, ncclInvalidUsage,
+  return fail(c.get(), ncclInvalidUsage,
               "ncclCommRevoke is not served by fusco: use ncclCommAbort, or interpose a real NCCL "
               "(FUSCO_NCCL_LIBRARY)");
 }
@@ -187,63 +189,64 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
                            ncclConfig_t* config) {
   FNCCL_PASSTHROUGH(CommSplit, comm, color, key, newcomm, config);
   if (global().mode == Mode::Interposer) return interposeSplit(comm, color, key, newcomm, config);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommSplit", &c);
   if (r != ncclSuccess) return r;
   r = checkConfig(config, "ncclCommSplit");
   if (r != ncclSuccess) return r;
-  return standaloneSplit(c, color, key, newcomm);
+  return standaloneSplit(c.get(), color, key, newcomm);
 }
 
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   FNCCL_FORWARD(CommShrink, comm, excludeRanksList, excludeRanksCount, newcomm, config,
                 shrinkFlags);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommShrink", &c);
   if (r != ncclSuccess) return r;
-  return fail(c, ncclInvalidUsage,
+  return fail(c.get(), ncclInvalidUsage,
               "ncclCommShrink is not served by fusco: make a new communicator, or interpose a "
               "real NCCL (FUSCO_NCCL_LIBRARY)");
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   FNCCL_FORWARD(CommGetAsyncError, comm, asyncError);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommGetAsyncError", &c);
   if (r != ncclSuccess) return r;
   if (asyncError == nullptr)
-    return fail(c, ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+    return fail(c.get(), ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
   fuscoResult_t fe = fuscoSuccess;
-  r = fromFusco(c, fuscoCommGetAsyncError(c->fc, &fe), "ncclCommGetAsyncError");
+  r = fromFusco(c.get(), fuscoCommGetAsyncError(c->fc, &fe), "ncclCommGetAsyncError");
   if (r != ncclSuccess) return r;
-  const ncclResult_t mapped = fromFusco(c, fe, "the communicator");
+  const ncclResult_t mapped = fromFusco(c.get(), fe, "the communicator");
   *asyncError = c->asyncError != ncclSuccess ? c->asyncError : mapped;
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   FNCCL_FORWARD(CommCount, comm, count);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommCount", &c);
   if (r != ncclSuccess) return r;
-  return fromFusco(c, fuscoCommCount(c->fc, count), "ncclCommCount");
+  return fromFusco(c.get(), fuscoCommCount(c->fc, count), "ncclCommCount");
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   FNCCL_FORWARD(CommUserRank, comm, rank);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommUserRank", &c);
   if (r != ncclSuccess) return r;
-  return fromFusco(c, fuscoCommUserRank(c->fc, rank), "ncclCommUserRank");
+  return fromFusco(c.get(), fuscoCommUserRank(c->fc, rank), "ncclCommUserRank");
 }
 
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   FNCCL_FORWARD(CommCuDevice, comm, device);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommCuDevice", &c);
   if (r != ncclSuccess) return r;
-  if (device == nullptr) return fail(c, ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
+  if (device == nullptr)
+    return fail(c.get(), ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
   *device = c->cudaDevice;  // -1 for a host-memory communicator
   return ncclSuccess;
 }
@@ -286,37 +289,37 @@ ncclResult_t ncclMemFree(void* ptr) {
 
 ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
   FNCCL_FORWARD(CommRegister, comm, buff, size, handle);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommRegister", &c);
   if (r != ncclSuccess) return r;
-  return fromFusco(c, fuscoCommRegister(c->fc, buff, size, handle), "ncclCommRegister");
+  return fromFusco(c.get(), fuscoCommRegister(c->fc, buff, size, handle), "ncclCommRegister");
 }
 
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
   FNCCL_FORWARD(CommDeregister, comm, handle);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommDeregister", &c);
   if (r != ncclSuccess) return r;
-  return fromFusco(c, fuscoCommDeregister(c->fc, handle), "ncclCommDeregister");
+  return fromFusco(c.get(), fuscoCommDeregister(c->fc, handle), "ncclCommDeregister");
 }
 
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                     int winFlags) {
   FNCCL_FORWARD(CommWindowRegister, comm, buff, size, win, winFlags);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommWindowRegister", &c);
   if (r != ncclSuccess) return r;
-  return fail(c, ncclInvalidUsage,
+  return fail(c.get(), ncclInvalidUsage,
               "ncclCommWindowRegister is not served by fusco: use ncclCommRegister, or interpose "
               "a real NCCL (FUSCO_NCCL_LIBRARY)");
 }
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   FNCCL_FORWARD(CommWindowDeregister, comm, win);
-  Comm* c = nullptr;
+  CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommWindowDeregister", &c);
   if (r != ncclSuccess) return r;
-  return fail(c, ncclInvalidUsage, "ncclCommWindowDeregister is not served by fusco");
+  return fail(c.get(), ncclInvalidUsage, "ncclCommWindowDeregister is not served by fusco");
 }
 
 }  // extern "C"

@@ -123,13 +123,16 @@ ncclResult_t interposeAllToAll(const void* s, void* r, size_t count, ncclDataTyp
   GroupState& g = group();
   if (g.depth > 0) {
     const RealNccl& real = global().real;
-    g.ops.push_back(GroupOp{GroupOp::AllToAll, comm, -1, s, r, count, t, stream, [=, &real] {
+    g.ops.push_back(GroupOp{GroupOp::AllToAll, comm, -1, s, r, count, t, stream,
+                            [=, &real] {
                               return callReal(real.AlltoAll, "ncclAlltoAll", s, r, count, t, comm,
                                               stream);
-                            }});
+                            },
+                            nullptr});
     return ncclSuccess;
   }
-  std::vector<GroupOp> one{GroupOp{GroupOp::AllToAll, comm, -1, s, r, count, t, stream, nullptr}};
+  std::vector<GroupOp> one{
+      GroupOp{GroupOp::AllToAll, comm, -1, s, r, count, t, stream, nullptr, nullptr}};
   if (comm == nullptr)
     return callReal(global().real.AlltoAll, "ncclAlltoAll", s, r, count, t, comm, stream);
   return serveGroup(comm, one);

@@ -5,6 +5,7 @@
 #define FUSCO_NCCL_SHIM_H_
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@ void logAt(int level, const char* fmt, ...) __attribute__((format(printf, 2, 3))
 // the handle is the real NCCL's, and this side record (looked up by it) holds the fusco
 // communicator made lazily for the all-to-all-shaped calls.
 struct Comm {
-  unsigned magic = kMagic;
+  ncclComm_t handle = nullptr;  // standalone: the handle handed out (registerComm)
   fuscoComm_t fc = nullptr;
   ncclComm_t real = nullptr;  // interposer: the real communicator
   int rank = -1, nranks = 0;
@@ -54,8 +55,11 @@ struct Comm {
   bool logged = false;
   std::mutex mu;  // the last error may be read from any thread
   std::string lastError;
-  static constexpr unsigned kMagic = 0xf05cacc1u;
 };
+// A reference that keeps a record in memory: a call holds one from its handle check to its return,
+// and a group holds one per call until its end, so a communicator destroyed or aborted meanwhile
+// (from this thread or another) is never freed under them.
+using CommRef = std::shared_ptr<Comm>;
 
 // Every entry point records its failure here: per thread, and on the communicator when there is
 // one (ncclGetLastError reads either).
@@ -67,8 +71,17 @@ ncclResult_t fromFusco(Comm* c, fuscoResult_t r, const char* call);
 const char* threadLastError();
 void clearThreadLastError();
 
-// Standalone handles: NULL or not ours is ncclInvalidArgument (message recorded).
-ncclResult_t checkComm(ncclComm_t comm, const char* call, Comm** out);
+// Standalone handles, guarded by a live registry (as fusco guards its own, docs/API.md
+// "Conventions"): a handle is live from registerComm until unregisterComm. A handle is a number,
+// never reused and never dereferenced: a destroyed, aborted or foreign handle is only looked up,
+// and a communicator made later is never taken for a destroyed one.
+ncclComm_t registerComm(CommRef c);
+// The record of a live handle, else nullptr.
+CommRef liveComm(ncclComm_t comm);
+// Removes a live handle (destroy, abort) and returns its record; nullptr when it was not live.
+CommRef unregisterComm(ncclComm_t comm);
+// NULL or not live is ncclInvalidArgument (message recorded).
+ncclResult_t checkComm(ncclComm_t comm, const char* call, CommRef* out);
 // Interposer side records, keyed by the real handle.
 Comm* sideRecord(ncclComm_t real, bool create);
 void dropSideRecord(ncclComm_t real);
@@ -105,6 +118,7 @@ struct GroupOp {
   ncclDataType_t type;
   cudaStream_t stream;
   std::function<ncclResult_t()> replay;  // interposer: the call as made, on the real NCCL
+  CommRef ref;                           // standalone: comm's record when the call was made
 };
 struct GroupState {
   int depth = 0;

@@ -40,14 +40,15 @@ ncclResult_t makeComm(ncclComm_t* out, int nranks, const fuscoUniqueId& id, int 
   fuscoComm_t fc = nullptr;
   ncclResult_t r = fromFusco(nullptr, fuscoCommInitRankConfig(&fc, nranks, id, rank, &cfg), call);
   if (r != ncclSuccess) return r;
-  Comm* c = new Comm();
+  CommRef c = std::make_shared<Comm>();
   c->fc = fc;
   c->memType = mem;
   c->cudaDevice = device;
   fuscoCommUserRank(fc, &c->rank);
   fuscoCommCount(fc, &c->nranks);
-  logServed(c);
-  *out = reinterpret_cast<ncclComm_t>(c);
+  Comm* raw = c.get();
+  *out = registerComm(std::move(c));
+  logServed(raw);
   return ncclSuccess;
 }
 

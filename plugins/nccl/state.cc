@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 
 #include "shim.h"
@@ -85,6 +86,9 @@ void decide(Global* g) {
 thread_local std::string tLastError;
 std::mutex gSideMu;
 std::map<ncclComm_t, Comm*>* gSide = nullptr;
+// The live standalone handles. Never destroyed: a handle may be used at process exit.
+std::mutex gLiveMu;
+std::map<ncclComm_t, CommRef>* gLive = new std::map<ncclComm_t, CommRef>();
 
 }  // namespace
 
@@ -143,13 +147,40 @@ ncclResult_t fromFusco(Comm* c, fuscoResult_t r, const char* call) {
 const char* threadLastError() { return tLastError.c_str(); }
 void clearThreadLastError() { tLastError.clear(); }
 
-ncclResult_t checkComm(ncclComm_t comm, const char* call, Comm** out) {
-  Comm* c = reinterpret_cast<Comm*>(comm);
-  if (c == nullptr) return fail(nullptr, ncclInvalidArgument, "%s: comm is NULL", call);
-  if (c->magic != Comm::kMagic)
-    return fail(nullptr, ncclInvalidArgument, "%s: comm %p is not a live communicator", call,
-                static_cast<void*>(comm));
-  *out = c;
+ncclComm_t registerComm(CommRef c) {
+  // 16-byte steps from a base no allocation uses (the handle is opaque and never dereferenced).
+  static std::atomic<uintptr_t> next{0};
+  const uintptr_t serial = ++next;
+  ncclComm_t h = reinterpret_cast<ncclComm_t>(uintptr_t{0xf5c0} << 32 | serial << 4);
+  c->handle = h;
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  (*gLive)[h] = std::move(c);
+  return h;
+}
+
+CommRef liveComm(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  auto it = gLive->find(comm);
+  return it != gLive->end() ? it->second : nullptr;
+}
+
+CommRef unregisterComm(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  auto it = gLive->find(comm);
+  if (it == gLive->end()) return nullptr;
+  CommRef c = std::move(it->second);
+  gLive->erase(it);
+  return c;
+}
+
+ncclResult_t checkComm(ncclComm_t comm, const char* call, CommRef* out) {
+  if (comm == nullptr) return fail(nullptr, ncclInvalidArgument, "%s: comm is NULL", call);
+  *out = liveComm(comm);
+  if (*out == nullptr)
+    return fail(nullptr, ncclInvalidArgument,
+                "%s: comm %p is not a live communicator (destroyed or aborted already, or never "
+                "made)",
+                call, static_cast<void*>(comm));
   return ncclSuccess;
 }
 
@@ -176,7 +207,6 @@ void dropSideRecord(ncclComm_t real) {
     gSide->erase(it);
   }
   if (c->fc != nullptr) fuscoCommDestroy(c->fc);
-  c->magic = 0;
   delete c;
 }
 
@@ -195,7 +225,7 @@ void logServed(Comm* c) {
         "comm %p rank %d/%d: standalone mode (%s); fusco serves ncclAlltoAll, "
         "ncclSend/ncclRecv (grouped or not), ncclMemAlloc/ncclCommRegister and comm "
         "init/split/finalize/abort/destroy; other collectives return ncclInvalidUsage",
-        static_cast<void*>(c), c->rank, c->nranks, mem);
+        static_cast<void*>(c->handle), c->rank, c->nranks, mem);
 }
 
 // toFusco and fromFusco cast: fusco.h numbers its datatypes and results as nccl.h does.
