@@ -78,16 +78,40 @@ ncclResult_t interposeP2p(bool send, void* buf, size_t count, ncclDataType_t t, 
   return ncclSuccess;
 }
 
-// Standalone: the collectives called inside a group, run once fusco's group has ended.
+// Whether op's communicator is still the one the call was made on (not destroyed or aborted since).
+bool opLive(const GroupOp& op) { return op.ref != nullptr && liveComm(op.comm) == op.ref; }
+
+// The first call of the group whose communicator was destroyed or aborted before the group's end:
+// the group is ncclInvalidArgument (as fuscoGroupEnd is for the same sequence).
+ncclResult_t deadCommInGroup(const std::vector<GroupOp>& ops) {
+  for (const GroupOp& op : ops) {
+    if (opLive(op)) continue;
+    const char* call = op.kind == GroupOp::Send   ? "ncclSend"
+                       : op.kind == GroupOp::Recv ? "ncclRecv"
+                                                  : "ncclAlltoAll";
+    return fail(nullptr, ncclInvalidArgument,
+                "ncclGroupEnd: comm %p of this group's %s was destroyed or aborted before "
+                "ncclGroupEnd (end the group first): none of the group's calls on it ran",
+                static_cast<void*>(op.comm), call);
+  }
+  return ncclSuccess;
+}
+
+// Standalone: fusco's group ends with the outermost NCCL one; then the collectives called inside
+// the group run. Failures are recorded on the communicators still live (a group holds its
+// communicators' records, so one destroyed or aborted meanwhile, from any thread, is never freed
+// under it).
 ncclResult_t standaloneGroupEnd(GroupState& g) {
+  const ncclResult_t dead = g.depth > 0 ? ncclSuccess : deadCommInGroup(g.ops);
+  const std::string deadMsg = threadLastError();
   ncclResult_t r = fromFusco(nullptr, fuscoGroupEnd(), "ncclGroupEnd");
+  if (dead != ncclSuccess) r = fail(nullptr, dead, "%s", deadMsg.c_str());
   if (r != ncclSuccess) {
     std::string msg = threadLastError();
     for (GroupOp& op : g.ops) {
-      CommRef c = liveComm(op.comm);  // a comm destroyed meanwhile records nothing
-      if (c == nullptr) continue;
-      if (op.kind != GroupOp::AllToAll) fail(c.get(), r, "%s", msg.c_str());
-      if (r == ncclRemoteError) c->asyncError = ncclRemoteError;
+      if (!opLive(op)) continue;
+      if (op.kind != GroupOp::AllToAll) fail(op.ref.get(), r, "%s", msg.c_str());
+      if (r == ncclRemoteError) op.ref->asyncError = ncclRemoteError;
     }
   }
   if (g.depth > 0) return r;
@@ -96,11 +120,8 @@ ncclResult_t standaloneGroupEnd(GroupState& g) {
   ncclResult_t first = g.sticky != ncclSuccess ? g.sticky : r;
   g.sticky = ncclSuccess;
   for (GroupOp& op : ops) {
-    if (op.kind != GroupOp::AllToAll) continue;
-    CommRef c;
-    ncclResult_t ar = checkComm(op.comm, "ncclGroupEnd (ncclAlltoAll)", &c);
-    if (ar == ncclSuccess)
-      ar = runAllToAll(c.get(), op.sbuf, op.rbuf, op.count, op.type, op.stream);
+    if (op.kind != GroupOp::AllToAll || !opLive(op)) continue;
+    ncclResult_t ar = runAllToAll(op.ref.get(), op.sbuf, op.rbuf, op.count, op.type, op.stream);
     if (first == ncclSuccess) first = ar;
   }
   return first;

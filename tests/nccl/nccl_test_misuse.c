@@ -88,14 +88,57 @@ static void destroyedBody(const ncclUniqueId* id, int rank, int n) {
   expectDead(parent, n, "destroyed parent");
 }
 
+/* Item 1: ncclGroupStart, a send and a receive with every peer (or an ncclAlltoAll), the group's
+ * communicator destroyed or aborted, ncclGroupEnd: ncclInvalidArgument naming the call, no byte
+ * moved, and the process goes on with its other communicators. */
+static int gAbort; /* 1: ncclCommAbort instead of ncclCommDestroy */
+static void groupOutlivesCommBody(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t parent = NULL, c = NULL;
+  NCCLOK(ncclCommInitRank(&parent, n, *id, rank));
+  const size_t block = 8;
+  uint8_t* s = malloc(block * n);
+  uint8_t* r = malloc(block * n);
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < block; ++i) s[p * block + i] = pattern(rank, p, i, 9);
+  for (int alltoall = 0; alltoall < 2; ++alltoall) {
+    NCCLOK(ncclCommSplit(parent, 0, rank, &c, NULL));
+    memset(r, POISON, block * n);
+    NCCLOK(ncclGroupStart());
+    if (alltoall) {
+      NCCLOK(ncclAlltoAll(s, r, block / 4, ncclInt32, c, NULL));
+    } else {
+      for (int p = 0; p < n; ++p) {
+        NCCLOK(ncclSend(s + p * block, block / 4, ncclInt32, p, c, NULL));
+        NCCLOK(ncclRecv(r + p * block, block / 4, ncclInt32, p, c, NULL));
+      }
+    }
+    NCCLOK(gAbort ? ncclCommAbort(c) : ncclCommDestroy(c));
+    ncclResult_t res = ncclGroupEnd();
+    CHECK(res == ncclInvalidArgument, "ncclGroupEnd after the comm went: %d (%s)", res,
+          ncclGetLastError(NULL));
+    const char* msg = ncclGetLastError(NULL);
+    CHECK_MSG(msg, "ncclGroupEnd");
+    CHECK_MSG(msg, alltoall ? "ncclAlltoAll" : "ncclSend");
+    CHECK_MSG(msg, "destroyed or aborted before ncclGroupEnd");
+    checkPoisoned(r, block * n, "the receive buffer of a group whose comm went");
+    CHECK_MSG(ncclGetLastError(c), "destroyed or aborted before ncclGroupEnd"); /* the thread's */
+    CHECK(ncclGroupEnd() == ncclInvalidUsage, "the group is over");
+  }
+  free(s);
+  free(r);
+  checkedAllToAll(parent, rank, n, 6, 10); /* the process goes on */
+  NCCLOK(ncclCommDestroy(parent));
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s destroyed NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s destroyed|group-destroy|group-abort NRANKS\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed"};
-  RawBody bodies[] = {destroyedBody};
+  const char* names[] = {"destroyed", "group-destroy", "group-abort"};
+  RawBody bodies[] = {destroyedBody, groupOutlivesCommBody, groupOutlivesCommBody};
+  gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
     if (strcmp(argv[1], names[i]) == 0) body = bodies[i];
