@@ -12,6 +12,12 @@
 
 #define POISON 0xA5
 
+static double nowSec(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Checks that a message names what it must. */
 #define CHECK_MSG(msg, word) \
   CHECK(strstr((msg), (word)) != NULL, "message lacks \"%s\": %s", word, msg)
@@ -130,14 +136,66 @@ static void groupOutlivesCommBody(const ncclUniqueId* id, int rank, int n) {
   NCCLOK(ncclCommDestroy(parent));
 }
 
+/* Item 2: rank 0's ncclGroupEnd waits for peers that do not take part; another thread of rank 0
+ * aborts the communicator. The group ends with an error saying so, well before the timeout, and
+ * nothing is written into the freed communicator or the receive buffers. The peers then meet
+ * rank 0 on the parent, whose all-to-all is exact. */
+typedef struct {
+  ncclComm_t comm;
+  ncclResult_t result;
+} AbortArg;
+static void* abortLater(void* p) {
+  AbortArg* a = (AbortArg*)p;
+  usleep(300 * 1000);
+  a->result = ncclCommAbort(a->comm);
+  return NULL;
+}
+static void abortDuringGroupBody(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t parent = NULL, c = NULL;
+  NCCLOK(ncclCommInitRank(&parent, n, *id, rank));
+  NCCLOK(ncclCommSplit(parent, 0, rank, &c, NULL));
+  if (rank == 0) {
+    const size_t block = 16;
+    uint8_t* s = malloc(block * n);
+    uint8_t* r = malloc(block * n);
+    memset(s, 3, block * n);
+    memset(r, POISON, block * n);
+    AbortArg arg = {c, ncclInProgress};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, abortLater, &arg) == 0, "pthread_create");
+    const double start = nowSec();
+    NCCLOK(ncclGroupStart());
+    for (int p = 0; p < n; ++p) {
+      NCCLOK(ncclSend(s + p * block, block, ncclUint8, p, c, NULL));
+      NCCLOK(ncclRecv(r + p * block, block, ncclUint8, p, c, NULL));
+    }
+    ncclResult_t res = ncclGroupEnd();
+    const double took = nowSec() - start;
+    pthread_join(t, NULL);
+    CHECK(arg.result == ncclSuccess, "ncclCommAbort from another thread: %d", arg.result);
+    CHECK(res != ncclSuccess && res != ncclInProgress, "an aborted group: %d", res);
+    CHECK_MSG(ncclGetLastError(NULL), "abort");
+    CHECK(took < 4.0, "the aborted group took %.2f s (timeout 5 s)", took);
+    checkPoisoned(r + block, block * (n - 1), "blocks from peers that sent nothing");
+    CHECK(ncclCommDestroy(c) == ncclInvalidArgument, "the aborted comm is gone");
+    free(s);
+    free(r);
+  }
+  checkedAllToAll(parent, rank, n, 4, 12); /* rank 0 is back */
+  if (rank != 0) NCCLOK(ncclCommDestroy(c));
+  NCCLOK(ncclCommDestroy(parent));
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s destroyed|group-destroy|group-abort NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s destroyed|group-destroy|group-abort|abort-during-group NRANKS\n",
+            argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed", "group-destroy", "group-abort"};
-  RawBody bodies[] = {destroyedBody, groupOutlivesCommBody, groupOutlivesCommBody};
+  const char* names[] = {"destroyed", "group-destroy", "group-abort", "abort-during-group"};
+  RawBody bodies[] = {destroyedBody, groupOutlivesCommBody, groupOutlivesCommBody,
+                      abortDuringGroupBody};
   gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
