@@ -11,13 +11,14 @@ namespace {
 ncclResult_t unserved(ncclComm_t comm, const char* call) {
   CommRef c;
   ncclResult_t r = checkComm(comm, call, &c);
-  if (r != ncclSuccess) return r;
-  return fail(c.get(), ncclInvalidUsage,
-              "%s is not served by fusco: standalone libfusco_nccl serves ncclAlltoAll and "
-              "ncclSend/ncclRecv only. To run it, interpose a real NCCL: set "
-              "FUSCO_NCCL_LIBRARY=/path/to/the/real/libnccl.so.2 (or LD_PRELOAD=libfusco_nccl.so "
-              "in a program linked to NCCL)",
-              call);
+  if (r != ncclSuccess) return noteGroupError(r);
+  return noteGroupError(
+      fail(c.get(), ncclInvalidUsage,
+           "%s is not served by fusco: standalone libfusco_nccl serves ncclAlltoAll and "
+           "ncclSend/ncclRecv only. To run it, interpose a real NCCL: set "
+           "FUSCO_NCCL_LIBRARY=/path/to/the/real/libnccl.so.2 (or LD_PRELOAD=libfusco_nccl.so "
+           "in a program linked to NCCL)",
+           call));
 }
 
 // Interposer: a call inside a group waits, in order, for the group's end; outside one it runs.
@@ -46,7 +47,7 @@ ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer,
   const char* call = send ? "ncclSend" : "ncclRecv";
   CommRef c;
   ncclResult_t r = checkComm(comm, call, &c);
-  if (r != ncclSuccess) return r;
+  if (r != ncclSuccess) return noteGroupError(r);
   logServed(c.get());
   fuscoResult_t fr = send ? fuscoSend(buf, count, toFusco(t), peer, c->fc, stream)
                           : fuscoRecv(buf, count, toFusco(t), peer, c->fc, stream);
@@ -55,7 +56,7 @@ ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t t, int peer,
   if (g.depth > 0) {
     g.ops.push_back(GroupOp{send ? GroupOp::Send : GroupOp::Recv, comm, peer, buf, buf, count, t,
                             stream, nullptr, c});
-    if (r != ncclSuccess && g.sticky == ncclSuccess) g.sticky = r;
+    noteGroupError(r);
   }
   return r;
 }
@@ -117,8 +118,10 @@ ncclResult_t standaloneGroupEnd(GroupState& g) {
   if (g.depth > 0) return r;
   std::vector<GroupOp> ops;
   ops.swap(g.ops);
-  ncclResult_t first = g.sticky != ncclSuccess ? g.sticky : r;
+  ncclResult_t first = r;
+  if (g.sticky != ncclSuccess) first = fail(nullptr, g.sticky, "%s", g.stickyMsg.c_str());
   g.sticky = ncclSuccess;
+  g.stickyMsg.clear();
   for (GroupOp& op : ops) {
     if (op.kind != GroupOp::AllToAll || !opLive(op)) continue;
     ncclResult_t ar = runAllToAll(op.ref.get(), op.sbuf, op.rbuf, op.count, op.type, op.stream);
@@ -138,7 +141,7 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
     return interposeAllToAll(sendbuff, recvbuff, count, datatype, comm, stream);
   CommRef c;
   ncclResult_t r = checkComm(comm, "ncclAlltoAll", &c);
-  if (r != ncclSuccess) return r;
+  if (r != ncclSuccess) return noteGroupError(r);
   GroupState& g = group();
   if (g.depth == 0) return runAllToAll(c.get(), sendbuff, recvbuff, count, datatype, stream);
   g.ops.push_back(GroupOp{GroupOp::AllToAll, comm, -1, sendbuff, recvbuff, count, datatype, stream,

@@ -123,10 +123,14 @@ struct GroupOp {
 struct GroupState {
   int depth = 0;
   bool realOpen = false;  // interposer: a real ncclGroupStart was issued inside this group
-  ncclResult_t sticky = ncclSuccess;
+  ncclResult_t sticky = ncclSuccess;  // standalone: the first error of a call inside the group
+  std::string stickyMsg;
   std::vector<GroupOp> ops;
 };
 GroupState& group();
+// Standalone: a call that fails inside a group makes the group fail; ncclGroupEnd returns the
+// group's first error with its message, as NCCL's does. Returns r.
+ncclResult_t noteGroupError(ncclResult_t r);
 
 // Interposer mode: fusco serves the ops if they are all-to-all shaped (see interpose.cc).
 ncclResult_t interposeGroupEnd(GroupState& g);

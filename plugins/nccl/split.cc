@@ -58,10 +58,11 @@ ncclResult_t standaloneInit(ncclComm_t* comm, int nranks, const ncclUniqueId& id
                             const ncclConfig_t* config, const char* call) {
   if (comm == nullptr) return fail(nullptr, ncclInvalidArgument, "%s: comm is NULL", call);
   if (group().depth > 0)
-    return fail(nullptr, ncclInvalidUsage,
-                "%s inside ncclGroupStart/ncclGroupEnd is not served by fusco (one process per "
-                "rank): call it outside the group",
-                call);
+    return noteGroupError(
+        fail(nullptr, ncclInvalidUsage,
+             "%s inside ncclGroupStart/ncclGroupEnd is not served by fusco (one process per "
+             "rank): call it outside the group",
+             call));
   fuscoUniqueId fid;
   memcpy(&fid, &id, sizeof(fid));
   return makeComm(comm, nranks, fid, rank, commMemType(), call);

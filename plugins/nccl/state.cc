@@ -298,6 +298,14 @@ GroupState& group() {
   return g;
 }
 
+ncclResult_t noteGroupError(ncclResult_t r) {
+  GroupState& g = group();
+  if (r == ncclSuccess || g.depth == 0 || g.sticky != ncclSuccess) return r;
+  g.sticky = r;
+  g.stickyMsg = tLastError;
+  return r;
+}
+
 }  // namespace fnccl
 
 namespace fnccl {

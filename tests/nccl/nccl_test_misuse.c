@@ -186,16 +186,88 @@ static void abortDuringGroupBody(const ncclUniqueId* id, int rank, int n) {
   NCCLOK(ncclCommDestroy(parent));
 }
 
+/* A group of a send and a receive with every peer, plus `bad` (a call that fails) on every rank
+ * where bad is not NULL and depth nested groups around it. Returns ncclGroupEnd's result; every
+ * received byte is checked: the good calls of the group still move their data. */
+typedef ncclResult_t (*BadCall)(ncclComm_t comm);
+static ncclResult_t groupWith(ncclComm_t comm, int rank, int n, BadCall bad, ncclResult_t want,
+                              int nested, int salt) {
+  const size_t block = 12;
+  uint8_t* s = malloc(block * n);
+  uint8_t* r = malloc(block * n + 1);
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < block; ++i) s[p * block + i] = pattern(rank, p, i, salt);
+  memset(r, POISON, block * n + 1);
+  NCCLOK(ncclGroupStart());
+  for (int p = 0; p < n; ++p) NCCLOK(ncclSend(s + p * block, block / 4, ncclInt32, p, comm, NULL));
+  if (nested) NCCLOK(ncclGroupStart());
+  if (bad != NULL) CHECK(bad(comm) == want, "the bad call inside the group");
+  if (nested) NCCLOK(ncclGroupEnd()); /* an inner end: the outer one reports the group */
+  for (int p = 0; p < n; ++p) NCCLOK(ncclRecv(r + p * block, block / 4, ncclInt32, p, comm, NULL));
+  ncclResult_t res = ncclGroupEnd();
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < block; ++i)
+      CHECK(r[p * block + i] == pattern(p, rank, i, salt), "byte %zu from rank %d is 0x%02x", i, p,
+            r[p * block + i]);
+  CHECK(r[block * n] == POISON, "a byte past the receive buffer was written");
+  free(s);
+  free(r);
+  return res;
+}
+static ncclResult_t allReduce(ncclComm_t comm) {
+  static float v[4];
+  return ncclAllReduce(v, v, 4, ncclFloat32, ncclSum, comm, NULL);
+}
+static ncclResult_t nullAllToAll(ncclComm_t comm) {
+  static int32_t v[64];
+  return ncclAlltoAll(v, v, 1, ncclInt32, NULL, NULL);
+}
+static ncclResult_t initInGroup(ncclComm_t comm) {
+  ncclUniqueId id;
+  ncclComm_t c = NULL;
+  memset(&id, 0, sizeof(id));
+  return ncclCommInitRank(&c, 2, id, 0);
+}
+
+/* Item 7: ncclGroupEnd returns the group's first error (a call inside it that failed), with its
+ * message, nested or not; the next group is clean again. */
+static void groupErrorBody(ncclComm_t comm, int rank, int n) {
+  for (int nested = 0; nested < 2; ++nested) {
+    ncclResult_t res = groupWith(comm, rank, n, allReduce, ncclInvalidUsage, nested, 20 + nested);
+    CHECK(res == ncclInvalidUsage, "nested %d: a group with an unserved ncclAllReduce: %d", nested,
+          res);
+    CHECK_MSG(ncclGetLastError(NULL), "ncclAllReduce is not served by fusco");
+    CHECK(groupWith(comm, rank, n, NULL, ncclSuccess, nested, 22) == ncclSuccess, "a clean group");
+  }
+  ncclResult_t res = groupWith(comm, rank, n, nullAllToAll, ncclInvalidArgument, 0, 23);
+  CHECK(res == ncclInvalidArgument, "a group with an ncclAlltoAll on a NULL comm: %d", res);
+  CHECK_MSG(ncclGetLastError(NULL), "ncclAlltoAll: comm is NULL");
+  res = groupWith(comm, rank, n, initInGroup, ncclInvalidUsage, 0, 24);
+  CHECK(res == ncclInvalidUsage, "a group with ncclCommInitRank: %d", res);
+  CHECK_MSG(ncclGetLastError(NULL), "inside ncclGroupStart/ncclGroupEnd");
+  CHECK(groupWith(comm, rank, n, NULL, ncclSuccess, 0, 25) == ncclSuccess, "a clean group");
+  checkedAllToAll(comm, rank, n, 3, 26);
+}
+
+static void groupErrorRaw(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t comm = NULL;
+  NCCLOK(ncclCommInitRank(&comm, n, *id, rank));
+  groupErrorBody(comm, rank, n);
+  NCCLOK(ncclCommDestroy(comm));
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s destroyed|group-destroy|group-abort|abort-during-group NRANKS\n",
+    fprintf(stderr,
+            "usage: %s destroyed|group-destroy|group-abort|abort-during-group|group-error NRANKS\n",
             argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed", "group-destroy", "group-abort", "abort-during-group"};
+  const char* names[] = {"destroyed", "group-destroy", "group-abort", "abort-during-group",
+                         "group-error"};
   RawBody bodies[] = {destroyedBody, groupOutlivesCommBody, groupOutlivesCommBody,
-                      abortDuringGroupBody};
+                      abortDuringGroupBody, groupErrorRaw};
   gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
