@@ -192,9 +192,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   CommRef c;
   ncclResult_t r = checkComm(comm, "ncclCommSplit", &c);
   if (r != ncclSuccess) return r;
-  r = checkConfig(config, "ncclCommSplit");
-  if (r != ncclSuccess) return r;
-  return standaloneSplit(c.get(), color, key, newcomm);
+  // A refused config still takes part in the split's exchanges on the parent (standaloneSplit).
+  return standaloneSplit(c.get(), color, key, newcomm, checkConfig(config, "ncclCommSplit"));
 }
 
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,

@@ -141,8 +141,11 @@ ncclResult_t interposeSplit(ncclComm_t comm, int color, int key, ncclComm_t* new
 // Interposer: calls the real NCCL must run now (comm init) open a real group once inside a group.
 void openRealGroup();
 
-// Standalone split over the parent fusco communicator (split.cc).
-ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newcomm);
+// Standalone split over the parent fusco communicator (split.cc). refused: the caller's own check
+// of the other arguments (the config); a refused rank still joins the exchanges, in no new
+// communicator, and returns that error.
+ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newcomm,
+                             ncclResult_t refused);
 ncclResult_t standaloneInit(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank,
                             const ncclConfig_t* config, const char* call);
 

@@ -68,12 +68,16 @@ ncclResult_t standaloneInit(ncclComm_t* comm, int nranks, const ncclUniqueId& id
   return makeComm(comm, nranks, fid, rank, commMemType(), call);
 }
 
-ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newcomm) {
+ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newcomm,
+                             ncclResult_t refused) {
   const int n = parent->nranks;
   // A rank with bad arguments still joins both exchanges, in no new communicator, so its peers
-  // finish their split instead of waiting for it.
-  ncclResult_t bad = ncclSuccess;
-  if (newcomm == nullptr)
+  // finish their split instead of waiting for it, and no later call on the parent pairs with them.
+  ncclResult_t bad = refused;
+  if (bad != ncclSuccess) {
+    // the caller recorded the message; the parent keeps it too
+    fail(parent, bad, "%s", threadLastError());
+  } else if (newcomm == nullptr)
     bad = fail(parent, ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
   else if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     bad = fail(parent, ncclInvalidArgument, "ncclCommSplit: color %d is negative", color);

@@ -256,18 +256,48 @@ static void groupErrorRaw(const ncclUniqueId* id, int rank, int n) {
   NCCLOK(ncclCommDestroy(comm));
 }
 
+/* Item 3: rank 1 passes ncclCommSplit a config whose magic is wrong. It gets ncclInvalidArgument
+ * but still takes part in the split's exchanges on the parent, so the others get their new
+ * communicator (without rank 1) and the next all-to-all on the parent is exact on every rank. */
+static void splitBadConfigBody(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t parent = NULL, sub = NULL;
+  NCCLOK(ncclCommInitRank(&parent, n, *id, rank));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  if (rank == 1) cfg.magic = 0x12345678u;
+  ncclResult_t res = ncclCommSplit(parent, 0, rank, &sub, &cfg);
+  if (rank == 1) {
+    CHECK(res == ncclInvalidArgument, "a split with a bad config: %d", res);
+    CHECK(sub == NULL, "no new communicator");
+    CHECK_MSG(ncclGetLastError(NULL), "NCCL_CONFIG_INITIALIZER (magic 0x12345678)");
+    CHECK_MSG(ncclGetLastError(parent), "ncclCommSplit");
+  } else {
+    CHECK(res == ncclSuccess, "the split of the others: %d (%s)", res, ncclGetLastError(NULL));
+    int cnt = -1, me = -1;
+    NCCLOK(ncclCommCount(sub, &cnt));
+    NCCLOK(ncclCommUserRank(sub, &me));
+    CHECK(cnt == n - 1 && me == rank - (rank > 1), "count %d rank %d", cnt, me);
+    checkedAllToAll(sub, me, cnt, 5, 30);
+    NCCLOK(ncclCommDestroy(sub));
+  }
+  checkedAllToAll(parent, rank, n, 2, 31);  /* the 8 bytes per peer, as the split's */
+  checkedAllToAll(parent, rank, n, 32, 32); /* and the 128 of its second (a unique id) */
+  NCCLOK(ncclCommDestroy(parent));
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr,
-            "usage: %s destroyed|group-destroy|group-abort|abort-during-group|group-error NRANKS\n",
-            argv[0]);
+    fprintf(
+        stderr,
+        "usage: %s destroyed|group-destroy|group-abort|abort-during-group|group-error|split-config "
+        "NRANKS\n",
+        argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed", "group-destroy", "group-abort", "abort-during-group",
-                         "group-error"};
-  RawBody bodies[] = {destroyedBody, groupOutlivesCommBody, groupOutlivesCommBody,
-                      abortDuringGroupBody, groupErrorRaw};
+  const char* names[] = {"destroyed",          "group-destroy", "group-abort",
+                         "abort-during-group", "group-error",   "split-config"};
+  RawBody bodies[] = {destroyedBody,        groupOutlivesCommBody, groupOutlivesCommBody,
+                      abortDuringGroupBody, groupErrorRaw,         splitBadConfigBody};
   gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
