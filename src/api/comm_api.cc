@@ -125,6 +125,7 @@ fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError
     if (asyncError == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommGetAsyncError: asyncError is NULL");
     std::string why;
+    comm->impl->checkIdlePeers();
     *asyncError = comm->impl->takeAsyncError(&why);
     // fuscoGetLastError(comm) says what the reported error was.
     if (*asyncError != fuscoSuccess) comm->impl->lastError = why;

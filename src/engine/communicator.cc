@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/blob.h"
+#include "core/clock.h"
 #include "core/cuda_guard.h"
 #include "core/fault.h"
 #include "core/log.h"
@@ -206,6 +207,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
              rank, nranks, c->nodes_.nodeOf[rank], c->nodes_.numNodes, c->nodes_.localRankOf[rank],
              c->nodes_.localSize(c->nodes_.nodeOf[rank]), c->ctx_.chunkBytes, c->ctx_.depth,
              static_cast<long long>(c->ctx_.timeoutMs));
+  c->lastCallNs_ = nowNs();  // init saw every peer
   *out = std::move(c);
   return fuscoSuccess;
 }
@@ -399,19 +401,29 @@ void Communicator::idleCheck() {
   runWatches();
 }
 
+bool Communicator::breakOnDeadPeer() {
+  if (brokenResult() != fuscoSuccess) return false;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_ || checkPeer(p) == fuscoSuccess) continue;
+    std::string why = "rank " + std::to_string(p) + " failed: " + threadLastError();
+    FUSCO_WARN(kEngine, "%s", why.c_str());
+    markBroken(fuscoRemoteError, why);
+    return true;
+  }
+  return false;
+}
+
+void Communicator::checkIdlePeers() {
+  // A call in flight on another thread watches the peers itself.
+  if (progress_ || activeCalls.load() > 1) return;
+  if (nowNs() - lastCallNs_.load() < ctx_.timeoutMs * 1000000LL) return;
+  breakOnDeadPeer();
+}
+
 // The idle progress thread of a comm with captured operations: a dead peer breaks the comm, and
 // while it is broken every graph wait of this rank is released (a replay may start any time).
 void Communicator::checkGraphPeers() {
-  if (brokenResult() == fuscoSuccess) {
-    for (int p = 0; p < nranks_; ++p) {
-      if (p == rank_ || checkPeer(p) == fuscoSuccess) continue;
-      std::string why = "rank " + std::to_string(p) + " failed: " + threadLastError();
-      FUSCO_WARN(kEngine, "%s", why.c_str());
-      markBroken(fuscoRemoteError, why);
-      progress_->releaseWaits();
-      break;
-    }
-  }
+  if (breakOnDeadPeer()) progress_->releaseWaits();
   if (brokenResult() == fuscoSuccess) return;
   for (int p = 0; p < nranks_; ++p) {
     DeviceFlags f;
@@ -517,6 +529,7 @@ void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
 }
 
 void Communicator::beginCall(bool collective) {
+  lastCallNs_ = nowNs();
   if (collective) ++callSeq_;
   ++callSerial_;
   callOpen_ = true;
@@ -526,6 +539,7 @@ void Communicator::beginCall(bool collective) {
 }
 
 void Communicator::endCall(fuscoResult_t r, const std::string& why) {
+  lastCallNs_ = nowNs();
   if (!callOpen_) return;
   callOpen_ = false;
   callAgree_.clear();

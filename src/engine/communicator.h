@@ -120,6 +120,11 @@ class Communicator {
   // FUSCO_LIVENESS_MS, since replays are not announced to it (graph waits are released when
   // a peer dies).
   void noteCapture();
+  // fuscoCommGetAsyncError on a host comm: when no call ran on it for the comm's timeout, a peer
+  // that died or aborted meanwhile breaks it now (fuscoRemoteError naming the peer), as a blocked
+  // call would find. Each transport's checkPeer returns at once. Comms with a progress thread
+  // leave it to that thread.
+  void checkIdlePeers();
   // Checks of device-side state that kernels write without the host (the low-latency buffers'
   // words): run by the idle progress thread every FUSCO_LIVENESS_MS (which then also checks the
   // peers, as for captured operations) and by takeAsyncError. A check may break the comm or set
@@ -256,8 +261,10 @@ class Communicator {
   std::vector<void*> retiredScratch_;  // outgrown scratch of a CUDA comm, freed with the comm
   std::vector<void*> graphBuffers_;    // captured operations' buffers, freed with the comm
   std::atomic<bool> idleChecking_{false};
+  std::atomic<int64_t> lastCallNs_{0};  // when a call last began or ended (checkIdlePeers)
   void startIdleCheck();
   void checkGraphPeers();
+  bool breakOnDeadPeer();  // true when a dead or aborted peer broke the comm just now
   void idleCheck();
   void runWatches();
   std::mutex watchMu_;

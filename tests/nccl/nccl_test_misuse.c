@@ -284,6 +284,40 @@ static void splitBadConfigBody(const ncclUniqueId* id, int rank, int n) {
   NCCLOK(ncclCommDestroy(parent));
 }
 
+/* Item 9: the last rank exits while the others are idle. After more than FUSCO_TIMEOUT_MS they ask
+ * ncclCommGetAsyncError, which reports ncclRemoteError naming the dead rank (README: a dead peer
+ * makes calls and ncclCommGetAsyncError return ncclRemoteError within FUSCO_TIMEOUT_MS); the next
+ * all-to-all fails at once and writes nothing. */
+static void idlePeerDeathBody(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t comm = NULL;
+  NCCLOK(ncclCommInitRank(&comm, n, *id, rank));
+  checkedAllToAll(comm, rank, n, 3, 40);
+  if (rank == n - 1) _exit(0); /* dies without a word */
+  const char* t = getenv("FUSCO_TIMEOUT_MS");
+  const long timeoutMs = t != NULL ? atol(t) : 30000;
+  CHECK(timeoutMs <= 5000, "run with a short FUSCO_TIMEOUT_MS (%ld)", timeoutMs);
+  usleep((useconds_t)(timeoutMs + 300) * 1000);
+  ncclResult_t async = ncclInProgress;
+  NCCLOK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclRemoteError, "an idle rank whose peer died: async %d", async);
+  char dead[32];
+  snprintf(dead, sizeof(dead), "rank %d", n - 1);
+  CHECK_MSG(ncclGetLastError(comm), dead);
+  CHECK_MSG(ncclGetLastError(comm), "died");
+  uint8_t s[4 * 64], r[4 * 64];
+  memset(s, 1, sizeof(s));
+  memset(r, POISON, sizeof(r));
+  const double start = nowSec();
+  ncclResult_t res = ncclAlltoAll(s, r, 1, ncclInt32, comm, NULL);
+  CHECK(res == ncclRemoteError, "an all-to-all after the death: %d (%s)", res,
+        ncclGetLastError(comm));
+  CHECK(nowSec() - start < 1.0, "it took %.2f s", nowSec() - start);
+  checkPoisoned(r, 4 * n, "the receive buffer of an all-to-all on a broken comm");
+  NCCLOK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclRemoteError, "the comm stays broken: %d", async);
+  NCCLOK(ncclCommAbort(comm));
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(
@@ -294,10 +328,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed",          "group-destroy", "group-abort",
-                         "abort-during-group", "group-error",   "split-config"};
+  const char* names[] = {"destroyed",   "group-destroy", "group-abort",    "abort-during-group",
+                         "group-error", "split-config",  "idle-peer-death"};
   RawBody bodies[] = {destroyedBody,        groupOutlivesCommBody, groupOutlivesCommBody,
-                      abortDuringGroupBody, groupErrorRaw,         splitBadConfigBody};
+                      abortDuringGroupBody, groupErrorRaw,         splitBadConfigBody,
+                      idlePeerDeathBody};
   gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
