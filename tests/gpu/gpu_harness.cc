@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "harness/data_gen.h"
+#include "harness/stack_dump.h"
 
 namespace fusco::test::gpu {
 
@@ -81,7 +82,11 @@ GpuProbe runProbe() {
   }
   close(fds[0]);
   int status = 0;
-  if (!eof) kill(pid, SIGKILL);
+  if (!eof) {
+    printThreadStacks({pid}, {"the CUDA device probe, not finished within " +
+                              std::to_string(static_cast<int>(kProbeSec)) + " s"});
+    kill(pid, SIGKILL);
+  }
   waitpid(pid, &status, 0);
   if (!eof) {
     p.why = "the CUDA device probe (cudaGetDeviceCount in a forked child) did not finish within " +

@@ -28,6 +28,7 @@
 #include "core/bootstrap.h"
 #include "core/cuda_guard.h"
 #include "core/params.h"
+#include "harness/stack_dump.h"
 
 namespace fusco::test {
 
@@ -166,6 +167,8 @@ struct Child {
                            NetnsPlan& netns) {
   // Die with the test process (a killed ctest must not leave ranks behind).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Let the harness's debugger read this rank's stacks at a timeout (Yama's ptrace_scope 1).
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   if (getppid() != parent) _exit(97);
   if (netns.active) {
     // This rank's node: enter its network namespace before anything opens a socket.
@@ -285,6 +288,28 @@ std::string describeStatus(int status) {
   return os.str();
 }
 
+// Where each rank still running at the timeout waits, before it is killed (harness/stack_dump.h).
+void printLateRankStacks(const std::vector<Child>& kids, int timeoutSec) {
+  const int n = static_cast<int>(kids.size());
+  std::vector<pid_t> late;
+  std::vector<std::string> labels;
+  for (int r = 0; r < n; ++r)
+    if (!kids[r].done) {
+      late.push_back(kids[r].pid);
+      labels.push_back("rank " + std::to_string(r) + " of " + std::to_string(n) +
+                       ", not finished within " + std::to_string(timeoutSec) + " s");
+    }
+  printThreadStacks(late, labels);
+}
+
+// MpOptions.timeoutSec, cut to FUSCO_TEST_RANK_TIMEOUT_SEC when that is set and smaller (a run of
+// many tests with its own per-test limit leaves room for the stacks this way).
+int rankTimeoutSec(const MpOptions& opt) {
+  const char* v = getenv("FUSCO_TEST_RANK_TIMEOUT_SEC");
+  const int cap = v != nullptr ? atoi(v) : 0;
+  return cap > 0 ? std::min(opt.timeoutSec, cap) : opt.timeoutSec;
+}
+
 }  // namespace
 
 double nowSec() {
@@ -397,7 +422,8 @@ void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOp
   fusco::bootstrapReleaseId(id);
   closeNetns(netns);
 
-  const double deadline = nowSec() + opt.timeoutSec;
+  const int timeoutSec = rankTimeoutSec(opt);
+  const double deadline = nowSec() + timeoutSec;
   int running = n;
   while (running > 0) {
     std::vector<pollfd> pfds;
@@ -418,6 +444,7 @@ void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOp
       }
     }
     if (running > 0 && nowSec() > deadline) {
+      printLateRankStacks(kids, timeoutSec);
       for (auto& c : kids) {
         if (c.done) continue;
         kill(c.pid, SIGKILL);
@@ -439,8 +466,8 @@ void runRanks(int n, const std::function<void(const RankCtx&)>& body, const MpOp
     for (const std::string& m : parseMessages(c.buf)) ADD_FAILURE() << "rank " << r << ": " << m;
     bool mayDie = std::find(opt.mayDie.begin(), opt.mayDie.end(), r) != opt.mayDie.end();
     if (c.timedOut) {
-      ADD_FAILURE() << "rank " << r << " did not finish within " << opt.timeoutSec
-                    << " s and was killed (hang?)";
+      ADD_FAILURE() << "rank " << r << " did not finish within " << timeoutSec
+                    << " s and was killed (hang?); its threads' stacks are printed above";
     } else if (!mayDie && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
       ADD_FAILURE() << "rank " << r << " " << describeStatus(c.status);
     }

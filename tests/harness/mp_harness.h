@@ -21,7 +21,10 @@ struct RankCtx {
 };
 
 struct MpOptions {
-  int timeoutSec = 60;  // parent kills every rank after this and fails
+  // The parent prints every thread's stack of each rank still running after this many seconds
+  // (harness/stack_dump.h), kills them and fails. FUSCO_TEST_RANK_TIMEOUT_SEC, when set and
+  // smaller, cuts it (gpu-check does, so that a hang's stacks come before its per-test limit).
+  int timeoutSec = 60;
   std::vector<std::pair<std::string, std::string>> env;  // set in each child before body
   std::vector<int> mayDie;  // ranks allowed to exit abnormally (fault tests)
 };
