@@ -51,6 +51,18 @@ std::string findSanitizer() {
   return "";
 }
 
+// The program beside this test binary (the build folder and gpu-check's bundle both keep them
+// together, so the bundle carries no build path).
+std::string sanitizerProgram() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return FUSCO_GPU_SANITIZER_PROGRAM;
+  self[n] = '\0';
+  std::string dir = self;
+  dir.resize(dir.rfind('/') + 1);
+  return dir + FUSCO_GPU_SANITIZER_PROGRAM;
+}
+
 struct RunResult {
   int status = -1;  // wait status
   bool timedOut = false;
@@ -119,11 +131,15 @@ void runUnder(const std::string& tool) {
   const std::string sanitizer = findSanitizer();
   if (sanitizer.empty())
     GTEST_SKIP() << "compute-sanitizer is neither on PATH nor in " << FUSCO_CUDA_BIN_DIR;
-  const std::vector<std::string> argv = {
-      sanitizer, "--tool",        tool, "--target-processes",        "all", "--error-exitcode",
-      "86",      "--print-limit", "20", FUSCO_GPU_SANITIZER_PROGRAM, "2"};
+  const std::string program = sanitizerProgram();
+  const std::vector<std::string> argv = {sanitizer, "--tool",
+                                         tool,      "--target-processes",
+                                         "all",     "--error-exitcode",
+                                         "86",      "--print-limit",
+                                         "20",      program,
+                                         "2"};
   RunResult r = runCapture(argv);
-  const std::string cmd = sanitizer + " --tool " + tool + " ... " + FUSCO_GPU_SANITIZER_PROGRAM;
+  const std::string cmd = sanitizer + " --tool " + tool + " ... " + program;
   ASSERT_FALSE(r.timedOut) << cmd << " did not finish in " << kRunSec << " s; output:\n"
                            << r.output;
   EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)
