@@ -111,7 +111,15 @@ TEST(MpHarnessStacks, TimedOutRankPrintsEveryThreadsStackNamingWhereItWaits) {
   EXPECT_NE(r.stderrText.find("fusco-waiter"), std::string::npos)
       << "every thread's stack, the helper thread's too:\n"
       << r.stderrText;
-  if (tool == "gdb" || tool == "cuda-gdb") {
+  if ((tool == "gdb" || tool == "cuda-gdb") &&
+      r.stderrText.find("printed no stack; what it printed, then /proc") != std::string::npos) {
+    // The debugger exists but may not attach here (no ptrace in this container): the harness
+    // said so and fell back to /proc, which must then hold the threads.
+    EXPECT_TRUE(std::regex_search(r.stderrText, std::regex("thread [0-9]+ \\(.*\\) state . wchan")))
+        << r.stderrText;
+    GTEST_SKIP() << tool << " could not read the rank's stacks here (the /proc view was checked):\n"
+                 << r.stderrText;
+  } else if (tool == "gdb" || tool == "cuda-gdb") {
     EXPECT_NE(r.stderrText.find("fuscoTestRankWaitsHere"), std::string::npos)
         << tool << " must show the function the rank waits in:\n"
         << r.stderrText;
