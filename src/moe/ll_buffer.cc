@@ -315,6 +315,25 @@ void LowLatency::watch() {
   }
 }
 
+void LowLatency::noteOut(int h, const void* out) {
+  if (halfOut_[h] == out) return;
+  const void** old = supersededOut_[h];
+  for (int i = 0; i < kSuperseded; ++i)
+    if (old[i] == out) old[i] = nullptr;  // current again
+  if (halfOut_[h] != nullptr) {
+    for (int i = kSuperseded - 1; i > 0; --i) old[i] = old[i - 1];
+    old[0] = halfOut_[h];
+  }
+  halfOut_[h] = out;
+}
+
+bool LowLatency::supersededOn(int h, const fuscoLowLatencyDispatch_t* d) const {
+  if (d == halfOut_[h]) return false;
+  for (const void* p : supersededOut_[h])
+    if (p == d) return true;
+  return false;
+}
+
 fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t* out,
                                    void* stream) {
   LlCall cl = call;
@@ -333,6 +352,7 @@ fuscoResult_t LowLatency::dispatch(const LlCall& call, fuscoLowLatencyDispatch_t
     hooks_[o.hook] = {a, recv};
   }
   halfHook_[cl.half] = o.hook;
+  noteOut(cl.half, out);
   char* half = buf_ + static_cast<uint64_t>(cl.half) * layout_.halfBytes;
   o.buffer = cl.half;
   o.format = cl.format;

@@ -55,6 +55,10 @@ class LowLatency {
   // The hook of the last dispatch on half h (0: none, or made without FUSCO_LL_RECV_HOOK): the
   // one field that tells a dispatch from the half's later ones, so a stale combine is refused.
   unsigned long long hookOn(int h) const { return halfHook_[h]; }
+  // Whether `d` is the very output struct of a dispatch on half h that a later dispatch there
+  // superseded (the structs of two dispatches without hooks are equal byte for byte, but not at
+  // one address unless the caller reused it, which then holds the later dispatch).
+  bool supersededOn(int h, const fuscoLowLatencyDispatch_t* d) const;
 
  private:
   explicit LowLatency(Communicator& c) : c_(c), device_(c.memType() == fuscoMemCuda) {}
@@ -81,6 +85,11 @@ class LowLatency {
   uint64_t dispatches_ = 0;
   int halfTokens_[2] = {-1, -1}, halfTopk_[2] = {-1, -1};
   unsigned long long halfHook_[2] = {0, 0};
+  // The output struct of each half's last dispatch, and of the few before it (most recent first).
+  static constexpr int kSuperseded = 8;
+  void noteOut(int h, const void* out);
+  const void* halfOut_[2] = {nullptr, nullptr};
+  const void* supersededOut_[2][kSuperseded] = {};
   uint64_t nextHook_ = 0;
   std::map<uint64_t, std::pair<ll::Args, uint32_t>> hooks_;  // hook -> (arguments, phase bits)
   // CUDA comms: the last launch on each half, which the next one (on any stream) waits for, so

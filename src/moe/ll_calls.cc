@@ -79,6 +79,15 @@ bool llCheckCombine(const LowLatency& l, const fuscoLowLatencyDispatch_t* d, con
   // A dispatch made with or followed on its half by one with FUSCO_LL_RECV_HOOK carries a hook
   // unique to it: one that is not the half's last is stale (docs/API.md, "Low-latency dispatch
   // and combine"). Two dispatches without the flag look alike, so that order stays the caller's.
+  if (a->ok() && l.supersededOn(d->buffer, d)) {
+    a->fail(
+        "%s: dispatched is the output of an earlier dispatch on buffer %d, which a later dispatch "
+        "has reused since: that buffer holds the later dispatch's rows; a combine must come "
+        "before the dispatch two calls later",
+        fn, d->buffer);
+    a->status = fuscoInvalidUsage;
+    return false;
+  }
   if (a->ok() && d->hook != l.hookOn(d->buffer)) {
     a->fail(
         "%s: dispatched (hook %llu) is not the last dispatch on buffer %d (hook %llu): the "
