@@ -45,7 +45,7 @@ if(NOT FUSCO_CUDA STREQUAL "OFF")
 endif()
 fusco_option_check(FUSCO_CUDA FUSCO_HAVE_CUDA "the CUDA toolkit")
 
-# RDMA NIC discovery for the UCX transport's automatic rails (src/transport/ucx/ucx_nics.cc): libibverbs
+# RDMA NIC discovery for the UCX transport's automatic rails (transport/ucx/ucx_nics.cc): libibverbs
 # lists the active ports, hwloc says where each NIC sits (PCI bus id, NUMA node). Without them the
 # transport leaves the choice to UCX, as it does when FUSCO_NET_DEVICES is empty.
 set(FUSCO_HAVE_IBVERBS OFF)

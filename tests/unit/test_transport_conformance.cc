@@ -1,4 +1,4 @@
-// The transport conformance suite: the contract in src/transport/transport.h, written once and
+// The transport conformance suite: the contract in transport/transport.h, written once and
 // run over every transport the build has (Transport/TransportConformance.*/Shm, /Ucx, /CudaIpc), as
 // UCX's gtests run each uct test over every transport. Ranks are forked processes
 // (harness/transport_group.h) that talk through the ops table only; a transport's descriptor
