@@ -35,6 +35,14 @@ fuscoResult_t Communicator::loadKernels() {
   return deviceLoadKernels(device_);
 }
 
+// The queue's and the bridge's pinned memory: local setup calls, no exchange with the peers.
+fuscoResult_t Communicator::startStreams() {
+  CudaSetupWindow w;
+  FUSCO_CHECK(w.open(timeoutMs(), "making a communicator's stream queue and network bridge"));
+  FUSCO_CHECK(startBridge());
+  return startAsync();
+}
+
 fuscoResult_t Communicator::mapPeerRegions() {
   bool any = false;
   for (auto& t : transports_)

@@ -177,26 +177,21 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->ctx_.commTag = c->bootstrap_->commTag();
   c->pairSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
-  // The setup calls of init (flags registered, the queue's and the bridge's pinned memory) run
-  // once no operation of another comm of this process can be waiting (docs/DESIGN.md, "The CUDA
-  // rules").
-  CudaSetupWindow window;
-  if (opts.memType == fuscoMemCuda || paramAsyncHost() != 0)
-    FUSCO_CHECK(window.open(c->ctx_.timeoutMs, "making a communicator"));
+  // The setup calls of init run once no operation of another comm of this process can wait
+  // (docs/DESIGN.md, "The CUDA rules"), each in a setup window of its own: a window is never held
+  // across an exchange with the peers, whose processes may wait for this one's other comms.
   FUSCO_CHECK(c->connectTransports());
   c->devSendSeq_.assign(nranks, 0);
   c->devRecvSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) {
     c->streamOps_ = cudaStreamOps();
-    FUSCO_CHECK(c->startBridge());
-    FUSCO_CHECK(c->startAsync());
+    FUSCO_CHECK(c->startStreams());
     FUSCO_CHECK(c->mapInitialStaging());
   } else if (paramAsyncHost() != 0) {
     FUSCO_CHECK(c->twinFlags());
     if (!c->twinPeerFlags_.empty() || nranks == 1) {
       c->streamOps_ = hostStreamOps(c->ctx_.timeoutMs);
-      FUSCO_CHECK(c->startBridge());
-      FUSCO_CHECK(c->startAsync());
+      FUSCO_CHECK(c->startStreams());
       FUSCO_INFO(kInit,
                  "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
                  "twin of the stream");

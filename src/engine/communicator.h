@@ -270,6 +270,7 @@ class Communicator {
   std::mutex watchMu_;
   std::map<const void*, std::function<void()>> watches_;
   fuscoResult_t startAsync();
+  fuscoResult_t startStreams();  // startBridge and startAsync in a setup window
   fuscoResult_t twinFlags();
   char* twinOwnFlags_ = nullptr;      // the host twin's flag words (in the shm arena)
   std::vector<char*> twinPeerFlags_;  // each peer's, mapped here

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/blob.h"
+#include "core/bootstrap.h"
 #include "core/cuda_check.h"
 #include "core/cuda_guard.h"
 #include "core/log.h"
@@ -127,7 +128,8 @@ void unmapPage(Page* p) {
 
 // Registers the flags of a mapped page with CUDA so streams can wait on them and write them.
 fuscoResult_t registerFlags(Page* p, int nranks) {
-  FUSCO_CHECK(cudaGuardSetup("cudaHostRegister (completion flags)"));
+  CudaSetupWindow w;  // init, on the caller's thread: once nothing of the process waits
+  FUSCO_CHECK(w.open(paramTimeoutMs(), "registering the completion flags (cudaHostRegister)"));
   uint8_t* flags = p->map.base + kPage;
   const unsigned how = cudaHostRegisterMapped | cudaHostRegisterPortable;
   FUSCO_CUDACHECK(cudaHostRegister(flags, flagsBytesFor(nranks), how), kIpc);
