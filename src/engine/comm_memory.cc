@@ -15,7 +15,7 @@
 
 namespace fusco {
 
-FUSCO_PARAM_INT(CudaStagingBytes, "FUSCO_CUDA_STAGING_BYTES", 32 << 20, 4096, INT64_MAX,
+FUSCO_PARAM_INT(CudaStagingBytes, "FUSCO_CUDA_STAGING_BYTES", 256 << 20, 4096, INT64_MAX,
                 "CUDA comms: the staging area every peer of the node maps at init, for receive "
                 "buffers peers cannot write in place (grown on demand)");
 

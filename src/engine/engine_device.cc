@@ -7,6 +7,7 @@
 #include "core/result.h"
 #include "device/device_ops.h"
 #include "engine/net_bridge.h"
+#include "engine/op_runner.h"
 
 namespace fusco {
 
@@ -50,10 +51,18 @@ fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opNam
 }  // namespace
 
 size_t stagingBound(Communicator& c, const Op& op, const std::vector<bool>& involved) {
+  const bool direct = paramShmDirect() != 0;  // 0: every receive is staged (op_rounds.cc)
   size_t bound = 0;
   for (int p = 0; p < c.nranks(); ++p) {
     if (p == c.rank() || !involved[p] || (c.bridge() && c.bridge()->remote(p))) continue;
-    for (const RowStream& r : op.peers[p].recvs) bound += aligned(r.bytes());
+    for (const RowStream& r : op.peers[p].recvs) {
+      // A buffer the peer has mapped already stays mapped: it is offered in place, never staged.
+      uint64_t token = 0;
+      if (direct && !op.pullRun && r.bytes() > 0 && (r.contiguous() || r.layoutShared) &&
+          c.offerToken(p, r.base, r.extentBytes(), &token))
+        continue;
+      bound += aligned(r.bytes());
+    }
   }
   // A late-sized operation's messages (a few per peer) each start aligned.
   if (op.lateRecvBound > 0)
