@@ -11,7 +11,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
-#include "device/cuda_rt.h"
+#include "device/cuda_enqueue.h"
 #include "device/device_ops.h"
 #include "engine/engine_device.h"
 #include "engine/net_bridge.h"

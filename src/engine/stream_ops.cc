@@ -16,6 +16,7 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "core/seq_compare.h"
+#include "device/cuda_rt.h"
 
 namespace fusco {
 

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "device/cuda_rt.h"
+#include "device/cuda_enqueue.h"
 #include "device/device_ops.h"
 #include "fusco.h"
 
