@@ -12,6 +12,7 @@
 #include "core/result.h"
 #include "device/device_ops.h"
 #include "device/device_plan_ops.h"
+#include "device/kernel_load.h"
 
 #ifdef FUSCO_HAVE_CUDA
 #include <cuda.h>
@@ -471,6 +472,8 @@ fuscoResult_t devicePlanLayout(const gplan::RecvArgs&, void*) { return notBuilt(
 fuscoResult_t devicePlanFan(const gplan::FanArgs&, const gplan::SendArgs&, void*) {
   return notBuilt();
 }
+fuscoResult_t deviceLoadKernels(int) { return notBuilt(); }
+bool deviceKernelsLoaded() { return false; }
 
 #endif
 
