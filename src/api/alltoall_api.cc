@@ -15,7 +15,7 @@ using namespace fusco;
 
 namespace {
 
-uint64_t commTagOf(fuscoComm_t comm) { return commIsLive(comm) ? comm->impl->commTag() : 0; }
+uint64_t commTagOf(fuscoComm_t comm) { return commIsLive(comm) ? implOf(comm).commTag() : 0; }
 
 fuscoResult_t runGroup(std::vector<PendingCall> calls) {
   const std::vector<fuscoComm_t> comms = groupComms(calls, commTagOf);
@@ -26,8 +26,8 @@ fuscoResult_t runGroup(std::vector<PendingCall> calls) {
       FUSCO_CHECK(checkComm(comm, "fuscoGroupEnd"));
       ArgCheck a;
       const std::vector<P2pCall> mine = groupCallsOf(calls, comm, isCudaComm(comm), &a);
-      Op op = groupOp(comm->impl->nranks(), mine);
-      return runOp(*comm->impl, op, a);
+      Op op = groupOp(implOf(comm).nranks(), mine);
+      return runOp(implOf(comm), op, a);
     });
     if (r != fuscoSuccess && first == fuscoSuccess) {
       first = r;
@@ -41,7 +41,7 @@ fuscoResult_t runGroup(std::vector<PendingCall> calls) {
 // Adds a point-to-point call to the current group (or runs it alone outside a group).
 fuscoResult_t enqueue(PendingCall call, const char* fn) {
   FUSCO_CHECK(checkComm(call.comm, fn));
-  int n = call.comm->impl->nranks();
+  int n = implOf(call.comm).nranks();
   if (call.call.peer < 0 || call.call.peer >= n)
     call.check.fail("%s: peer %d is outside [0, %d)", fn, call.call.peer, n);
   fuscoResult_t own = call.check.status;
@@ -89,8 +89,8 @@ fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             fuscoDataType_t datatype, fuscoComm_t comm, void* stream) {
   return guarded(comm, "fuscoAllToAll", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoAllToAll"));
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::AllToAll));
-    const int n = comm->impl->nranks();
+    FUSCO_CHECK(implOf(comm).injectFault(FaultPhase::AllToAll));
+    const int n = implOf(comm).nranks();
     ArgCheck a;
     checkStream(comm, stream, "fuscoAllToAll", &a);
     checkDevicePtr(comm, sendbuff, "fuscoAllToAll", "sendbuff", &a);
@@ -109,9 +109,9 @@ fuscoResult_t fuscoAllToAll(const void* sendbuff, void* recvbuff, size_t count,
       a.fail("%s", msg.c_str());
     InPlaceCopy copy;  // sendbuff == recvbuff: send from a copy (engine/collective_ops.h)
     if (a.ok() && totalBytes > 0 && sendbuff == recvbuff)
-      sendbuff = copyInPlaceSendSide(*comm->impl, sendbuff, totalBytes, stream, &copy, &a);
+      sendbuff = copyInPlaceSendSide(implOf(comm), sendbuff, totalBytes, stream, &copy, &a);
     Op op = allToAllOp(n, sendbuff, recvbuff, blockBytes, stream, a.ok());
-    return runOp(*comm->impl, op, a);
+    return runOp(implOf(comm), op, a);
   });
 }
 
@@ -121,8 +121,8 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[],
                              void* stream) {
   return guarded(comm, "fuscoAllToAllv", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, "fuscoAllToAllv"));
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::AllToAll));
-    const int n = comm->impl->nranks();
+    FUSCO_CHECK(implOf(comm).injectFault(FaultPhase::AllToAll));
+    const int n = implOf(comm).nranks();
     ArgCheck a;
     checkStream(comm, stream, "fuscoAllToAllv", &a);
     checkDevicePtr(comm, sendbuff, "fuscoAllToAllv", "sendbuff", &a);
@@ -143,7 +143,7 @@ fuscoResult_t fuscoAllToAllv(const void* sendbuff, const size_t sendcounts[],
       a.fail("%s", msg.c_str());
     Op op = allToAllvOp(n, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, es, stream,
                         a.ok());
-    return runOp(*comm->impl, op, a);
+    return runOp(implOf(comm), op, a);
   });
 }
 

@@ -1,34 +1,54 @@
 #include <sched.h>
 
+#include <stdexcept>
+
 #include "api/api_internal.h"
 #include "device/cuda_rt.h"
 
 namespace fusco {
 
-void unregisterComm(fuscoComm_t comm) {
-  unregisterLive(LiveKind::Comm, comm);
-  // Calls still inside this comm (another thread, woken by an abort) leave within one poll.
-  while (comm->impl->activeCalls.load() > 0) sched_yield();
+Communicator* commImpl(fuscoComm_t comm) {
+  fuscoComm* c = objectOf<fuscoComm>(LiveKind::Comm, comm);
+  return c != nullptr ? c->impl.get() : nullptr;
 }
 
-fuscoResult_t checkObject(LiveKind kind, const void* obj, const char* fn) {
+Communicator& implOf(fuscoComm_t comm) {
+  Communicator* c = commImpl(comm);
+  if (c == nullptr) throw std::logic_error("a communicator in use is not live");
+  return *c;
+}
+
+fuscoComm* unregisterComm(fuscoComm_t comm) {
+  auto* c = static_cast<fuscoComm*>(unregisterLive(LiveKind::Comm, comm));
+  // Calls still inside this comm (another thread, woken by an abort) leave within one poll.
+  if (c != nullptr)
+    while (c->impl->activeCalls.load() > 0) sched_yield();
+  return c;
+}
+
+fuscoResult_t checkObject(LiveKind kind, const void* handle, const char* fn) {
   const char* what = kind == LiveKind::Layout       ? "layout"
                      : kind == LiveKind::LowLatency ? "low-latency buffer"
                                                     : "MoE handle";
-  if (obj == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: %s is NULL", fn, what);
-  if (!isLive(kind, obj))
+  if (handle == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: %s is NULL", fn, what);
+  if (!isLive(kind, handle))
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                      "%s: %p is not a live %s (destroyed or never created)", fn, obj, what);
+                      "%s: %p is not a live %s (destroyed or never created)", fn, handle, what);
   return fuscoSuccess;
 }
 
 // The count is raised under the registry's lock, so unregisterComm cannot miss it.
-bool pinComm(fuscoComm_t comm) {
-  auto pin = [](void* c) { static_cast<fuscoComm_t>(c)->impl->activeCalls++; };
-  return whileLive(LiveKind::Comm, comm, pin, comm);
+fuscoComm* pinComm(fuscoComm_t comm) {
+  fuscoComm* pinned = nullptr;
+  auto pin = [](void* obj, void* out) {
+    static_cast<fuscoComm*>(obj)->impl->activeCalls++;
+    *static_cast<fuscoComm**>(out) = static_cast<fuscoComm*>(obj);
+  };
+  whileLive(LiveKind::Comm, comm, pin, &pinned);
+  return pinned;
 }
 
-void unpinComm(fuscoComm_t comm) { comm->impl->activeCalls--; }
+void unpinComm(fuscoComm* pinned) { pinned->impl->activeCalls--; }
 
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
   if (comm == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: comm is NULL", fn);
@@ -39,13 +59,20 @@ fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
   return fuscoSuccess;
 }
 
-void noteResult(fuscoComm_t comm, fuscoResult_t r) {
-  if (r == fuscoSuccess || !commIsLive(comm)) return;  // the caller's pin keeps it alive
-  comm->impl->lastError = threadLastError();
+namespace {
+// The comm handle the calling thread's last failed call was made on (NULL: none, or a call on a
+// handle whose comm is gone), so fuscoGetLastError(comm) can tell whose failure the thread holds.
+thread_local fuscoComm_t tLastFailedComm = nullptr;
+}  // namespace
+
+void noteResult(fuscoComm_t comm, fuscoComm* pinned, fuscoResult_t r) {
+  if (r == fuscoSuccess) return;
+  tLastFailedComm = pinned != nullptr ? comm : nullptr;
+  if (pinned != nullptr) pinned->impl->lastError = threadLastError();
 }
 
 void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a) {
-  if (comm->impl->memType() == fuscoMemHost && stream != nullptr)
+  if (implOf(comm).memType() == fuscoMemHost && stream != nullptr)
     a->fail("%s: stream must be NULL for a host-memory communicator", fn);
 }
 
@@ -73,9 +100,14 @@ fuscoResult_t fuscoGetVersion(int* version) {
 
 const char* fuscoGetErrorString(fuscoResult_t result) { return resultName(result); }
 
+// The thread's own last failure when it concerned comm, or a call that found no live comm (a
+// destroyed handle); otherwise comm's last recorded error (another thread's, or an asynchronous
+// error fuscoCommGetAsyncError reported).
 const char* fuscoGetLastError(fuscoComm_t comm) {
-  if (comm != nullptr && commIsLive(comm)) return comm->impl->lastError.c_str();
-  return threadLastError().c_str();
+  const std::string& mine = threadLastError();
+  if (!mine.empty() && (tLastFailedComm == nullptr || tLastFailedComm == comm)) return mine.c_str();
+  Communicator* c = comm != nullptr ? commImpl(comm) : nullptr;
+  return c != nullptr ? c->lastError.c_str() : mine.c_str();
 }
 
 fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes) {

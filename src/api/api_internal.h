@@ -20,24 +20,39 @@ struct fuscoComm {
 
 namespace fusco {
 
-// Live communicators, MoE handles and layouts are kept in core/live_registry.h.
+// Live communicators, MoE handles, layouts and low-latency buffers are kept in
+// core/live_registry.h: a handle is a number the registry maps to its object.
 inline bool commIsLive(fuscoComm_t comm) { return isLive(LiveKind::Comm, comm); }
-// Removes comm from the registry (no new call can pin it), then waits for pinned calls to leave.
-void unregisterComm(fuscoComm_t comm);
+// The communicator behind a live comm handle (the caller checked it and holds a pin); throws,
+// which the entry point's guard reports as an internal error, when it is not live.
+Communicator& implOf(fuscoComm_t comm);
+// The communicator behind a live comm handle, or nullptr.
+Communicator* commImpl(fuscoComm_t comm);
+// Removes comm from the registry (no new call can pin it), then waits for pinned calls to leave;
+// returns its object, for the caller to delete (nullptr when it was not live).
+fuscoComm* unregisterComm(fuscoComm_t comm);
 // Pins a live comm for the duration of a call so fuscoCommAbort from another thread cannot free it
-// underneath; false if comm is not live.
-bool pinComm(fuscoComm_t comm);
-void unpinComm(fuscoComm_t comm);
+// underneath: returns its object, or nullptr if comm is not live.
+fuscoComm* pinComm(fuscoComm_t comm);
+void unpinComm(fuscoComm* pinned);
 
-// fuscoInvalidArgument naming fn unless obj is a live MoE handle or layout (kind says which).
-fuscoResult_t checkObject(LiveKind kind, const void* obj, const char* fn);
+// fuscoInvalidArgument naming fn unless handle is a live MoE handle, layout or low-latency buffer
+// (kind says which).
+fuscoResult_t checkObject(LiveKind kind, const void* handle, const char* fn);
 
-// The comm of a live handle or layout `obj` while that comm is still the one it was made on (its
-// serial matches obj->commSerial); nullptr otherwise. Reads obj only when it is live.
+// The object behind a live handle of kind, or nullptr.
 template <typename Obj>
-fuscoComm_t liveCommOf(LiveKind kind, const Obj* obj) {
-  if (!isLive(kind, obj)) return nullptr;
-  return liveSerial(LiveKind::Comm, obj->comm) == obj->commSerial ? obj->comm : nullptr;
+Obj* objectOf(LiveKind kind, const void* handle) {
+  return static_cast<Obj*>(liveObject(kind, handle));
+}
+
+// The comm a live handle or layout was made on while that comm is still live (comm handles are
+// never reused, so a comm made later at the same address is not it); nullptr otherwise.
+template <typename Obj>
+fuscoComm_t liveCommOf(LiveKind kind, const void* handle) {
+  const Obj* obj = objectOf<Obj>(kind, handle);
+  if (obj == nullptr || !commIsLive(obj->comm)) return nullptr;
+  return obj->comm;
 }
 
 // fuscoInvalidArgument naming fn when the comm a live handle or layout was made on is gone.
@@ -51,8 +66,9 @@ inline fuscoResult_t checkOwnerComm(fuscoComm_t comm, const void* obj, const cha
 
 // fuscoInvalidArgument unless comm is a live communicator.
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn);
-// Records the thread's last error on the communicator after a failed call.
-void noteResult(fuscoComm_t comm, fuscoResult_t r);
+// After a failed call: records the thread's last error on the pinned communicator (nullptr:
+// none) and which comm handle the thread's failure concerns (fuscoGetLastError).
+void noteResult(fuscoComm_t comm, fuscoComm* pinned, fuscoResult_t r);
 
 // Group: point-to-point calls (fuscoGroupEnd), which only some ranks may make.
 enum class CallKind { None, Collective, Group };
@@ -66,8 +82,8 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, CallKind kind, Body body
   fuscoResult_t r;
   clearThreadLastError();
   struct Pin {
-    fuscoComm_t c;
-    explicit Pin(fuscoComm_t comm) : c(comm != nullptr && pinComm(comm) ? comm : nullptr) {}
+    fuscoComm* c;
+    explicit Pin(fuscoComm_t comm) : c(comm != nullptr ? pinComm(comm) : nullptr) {}
     ~Pin() {
       if (c) unpinComm(c);
     }
@@ -84,7 +100,7 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, CallKind kind, Body body
     r = FUSCO_FAIL(fuscoInternalError, kApi, "%s: unexpected exception", fn);
   }
   if (call) pin.c->impl->endCall(r, threadLastError());
-  noteResult(comm, r);
+  noteResult(comm, pin.c, r);
   return r;
 }
 
@@ -98,6 +114,6 @@ fuscoResult_t guarded(fuscoComm_t comm, const char* fn, Body body) {
 void checkDevicePtr(fuscoComm_t comm, const void* p, const char* fn, const char* what, ArgCheck* a);
 // A host comm takes stream = NULL: anything else fails the check with a message naming fn.
 void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a);
-inline bool isCudaComm(fuscoComm_t comm) { return comm->impl->memType() == fuscoMemCuda; }
+inline bool isCudaComm(fuscoComm_t comm) { return implOf(comm).memType() == fuscoMemCuda; }
 
 }  // namespace fusco

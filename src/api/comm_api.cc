@@ -1,4 +1,6 @@
 // Communicator entry points: ids, init/destroy/abort, queries, memory and registration.
+#include <cstdint>
+
 #include "api/api_internal.h"
 #include "core/bootstrap.h"
 #include "core/log.h"
@@ -29,10 +31,9 @@ fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, i
   logSetRank(rank);
   std::unique_ptr<Communicator> impl;
   FUSCO_CHECK(Communicator::create(id, nranks, rank, opts, &impl));
-  fuscoComm_t c = new fuscoComm();
+  std::unique_ptr<fuscoComm> c(new fuscoComm());
   c->impl = std::move(impl);
-  registerLive(LiveKind::Comm, c);
-  *comm = c;
+  *comm = static_cast<fuscoComm_t>(registerLive(LiveKind::Comm, c.release()));
   return fuscoSuccess;
 }
 
@@ -66,8 +67,7 @@ fuscoResult_t fuscoCommInitRankConfig(fuscoComm_t* comm, int nranks, fuscoUnique
 fuscoResult_t fuscoCommDestroy(fuscoComm_t comm) {
   return guarded(nullptr, "fuscoCommDestroy", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommDestroy"));
-    unregisterComm(comm);
-    delete comm;
+    delete unregisterComm(comm);
     return fuscoSuccess;
   });
 }
@@ -75,10 +75,9 @@ fuscoResult_t fuscoCommDestroy(fuscoComm_t comm) {
 fuscoResult_t fuscoCommAbort(fuscoComm_t comm) {
   return guarded(nullptr, "fuscoCommAbort", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommAbort"));
-    comm->impl->requestAbort();
-    comm->impl->markBroken(fuscoInvalidUsage, "the communicator was aborted (fuscoCommAbort)");
-    unregisterComm(comm);  // waits for blocked calls, which notice the abort within one poll
-    delete comm;
+    implOf(comm).requestAbort();
+    implOf(comm).markBroken(fuscoInvalidUsage, "the communicator was aborted (fuscoCommAbort)");
+    delete unregisterComm(comm);  // waits for blocked calls, which notice the abort within one poll
     return fuscoSuccess;
   });
 }
@@ -88,7 +87,7 @@ fuscoResult_t fuscoCommCount(const fuscoComm_t comm, int* count) {
     FUSCO_CHECK(checkComm(comm, "fuscoCommCount"));
     if (count == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommCount: count is NULL");
-    *count = comm->impl->nranks();
+    *count = implOf(comm).nranks();
     return fuscoSuccess;
   });
 }
@@ -98,7 +97,7 @@ fuscoResult_t fuscoCommUserRank(const fuscoComm_t comm, int* rank) {
     FUSCO_CHECK(checkComm(comm, "fuscoCommUserRank"));
     if (rank == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommUserRank: rank is NULL");
-    *rank = comm->impl->rank();
+    *rank = implOf(comm).rank();
     return fuscoSuccess;
   });
 }
@@ -109,8 +108,8 @@ fuscoResult_t fuscoCommNodeInfo(const fuscoComm_t comm, int* node, int* numNodes
     FUSCO_CHECK(checkComm(comm, "fuscoCommNodeInfo"));
     if (!node || !numNodes || !localRank || !localSize)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommNodeInfo: an output pointer is NULL");
-    const NodeMap& m = comm->impl->nodes();
-    int r = comm->impl->rank();
+    const NodeMap& m = implOf(comm).nodes();
+    int r = implOf(comm).rank();
     *node = m.nodeOf[r];
     *numNodes = m.numNodes;
     *localRank = m.localRankOf[r];
@@ -125,10 +124,10 @@ fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError
     if (asyncError == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoCommGetAsyncError: asyncError is NULL");
     std::string why;
-    comm->impl->checkIdlePeers();
-    *asyncError = comm->impl->takeAsyncError(&why);
+    implOf(comm).checkIdlePeers();
+    *asyncError = implOf(comm).takeAsyncError(&why);
     // fuscoGetLastError(comm) says what the reported error was.
-    if (*asyncError != fuscoSuccess) comm->impl->lastError = why;
+    if (*asyncError != fuscoSuccess) implOf(comm).lastError = why;
     return fuscoSuccess;
   });
 }
@@ -138,7 +137,7 @@ fuscoResult_t fuscoMemAlloc(fuscoComm_t comm, void** ptr, size_t bytes) {
     FUSCO_CHECK(checkComm(comm, "fuscoMemAlloc"));
     if (ptr == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemAlloc: ptr is NULL");
     if (bytes == 0) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemAlloc: bytes is 0");
-    return comm->impl->memAlloc(bytes, ptr);
+    return implOf(comm).memAlloc(bytes, ptr);
   });
 }
 
@@ -146,7 +145,7 @@ fuscoResult_t fuscoMemFree(fuscoComm_t comm, void* ptr) {
   return guarded(comm, "fuscoMemFree", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoMemFree"));
     if (ptr == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMemFree: ptr is NULL");
-    return comm->impl->memFree(ptr);
+    return implOf(comm).memFree(ptr);
   });
 }
 
@@ -158,8 +157,13 @@ fuscoResult_t fuscoCommRegister(fuscoComm_t comm, void* buff, size_t bytes, void
           fuscoInvalidArgument, kApi,
           "fuscoCommRegister: buff (%p) and handle must be non-NULL and bytes (%zu) > 0", buff,
           bytes);
-    FUSCO_CHECK(comm->impl->memRegister(buff, bytes));
-    *handle = comm->impl->addRegistration(buff, bytes);
+    if (reinterpret_cast<uintptr_t>(buff) > UINTPTR_MAX - bytes)
+      return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                        "fuscoCommRegister: %zu bytes from %p run past the end of the address "
+                        "space",
+                        bytes, buff);
+    FUSCO_CHECK(implOf(comm).memRegister(buff, bytes));
+    *handle = implOf(comm).addRegistration(buff, bytes);
     return fuscoSuccess;
   });
 }
@@ -168,10 +172,10 @@ fuscoResult_t fuscoCommDeregister(fuscoComm_t comm, void* handle) {
   return guarded(comm, "fuscoCommDeregister", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommDeregister"));
     void* buff = nullptr;
-    if (!comm->impl->takeRegistration(handle, &buff))
+    if (!implOf(comm).takeRegistration(handle, &buff))
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoCommDeregister: %p is not a registration of this comm", handle);
-    return comm->impl->memDeregister(buff);
+    return implOf(comm).memDeregister(buff);
   });
 }
 

@@ -2,6 +2,7 @@
 // moe layer (src/moe/), which joins the collective even when a check failed so that peers fail
 // promptly (docs/API.md, "The collective error rule").
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "api/api_internal.h"
@@ -10,8 +11,7 @@
 #include "moe/moe_config.h"
 
 struct fuscoMoeHandle {
-  fuscoComm_t comm = nullptr;
-  uint64_t commSerial = 0;  // the comm's registration (api_internal.h, liveCommOf)
+  fuscoComm_t comm = nullptr;  // the comm handle it was made on (api_internal.h, liveCommOf)
   fusco::MoeHandle impl;
 };
 
@@ -45,7 +45,19 @@ ArgCheck checkCombine(fuscoComm_t comm, const MoeHandle& h, const void* expertOu
 // handle is unplanned alike: a call on it fails on each rank by itself, joining no collective,
 // and no peer waits for it.
 bool unplanned(fuscoMoeHandle_t handle) {
-  return isLive(LiveKind::MoeHandle, handle) && !handle->impl.planned;
+  const fuscoMoeHandle* h = objectOf<fuscoMoeHandle>(LiveKind::MoeHandle, handle);
+  return h != nullptr && !h->impl.planned;
+}
+
+// The state behind a live handle (checked by the caller).
+MoeHandle& moeOf(fuscoMoeHandle_t handle) {
+  fuscoMoeHandle* h = objectOf<fuscoMoeHandle>(LiveKind::MoeHandle, handle);
+  if (h == nullptr) throw std::logic_error("a MoE handle in use is not live");
+  return h->impl;
+}
+
+fuscoComm_t liveCommOf(fuscoMoeHandle_t handle) {
+  return fusco::liveCommOf<fuscoMoeHandle>(LiveKind::MoeHandle, handle);
 }
 
 fuscoResult_t refuseUnplanned(const char* fn) {
@@ -66,11 +78,10 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
                          size_t capacity, void* stream, const char* fn) {
   return guarded(comm, fn, CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkComm(comm, fn));
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Plan));
+    FUSCO_CHECK(implOf(comm).injectFault(FaultPhase::Plan));
     std::unique_ptr<fuscoMoeHandle> h(new fuscoMoeHandle());
     h->comm = comm;
-    h->commSerial = liveSerial(LiveKind::Comm, comm);
-    h->impl.comm = comm->impl.get();
+    h->impl.comm = &implOf(comm);
     h->impl.numTokens = numTokens;
     h->impl.topk = topk;
     h->impl.capacity = capacity;
@@ -87,8 +98,8 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
     const fuscoResult_t r = planNewMoe(config, topkIdx, stream, a, &h->impl, &inUse);
     if (inUse) h.release();  // operations it enqueued may still refer to it
     if (r != fuscoSuccess) return r;
-    registerLive(LiveKind::MoeHandle, h.get());
-    *handle = h.release();
+    *handle = static_cast<fuscoMoeHandle_t>(registerLive(LiveKind::MoeHandle, h.get()));
+    h.release();
     return fuscoSuccess;
   });
 }
@@ -96,8 +107,9 @@ fuscoResult_t planHandle(fuscoMoeHandle_t* handle, fuscoComm_t comm, const fusco
 }  // namespace
 
 bool fusco::moeHandleStorage(fuscoMoeHandle_t handle, std::vector<ListStorage>* out) {
-  if (!isLive(LiveKind::MoeHandle, handle)) return false;
-  *out = handle->impl.storage();
+  const fuscoMoeHandle* h = objectOf<fuscoMoeHandle>(LiveKind::MoeHandle, handle);
+  if (h == nullptr) return false;
+  *out = h->impl.storage();
   return true;
 }
 
@@ -119,31 +131,31 @@ fuscoResult_t fuscoMoePlanCapacity(fuscoMoeHandle_t* handle, fuscoComm_t comm,
 
 fuscoResult_t fuscoMoeReplan(fuscoMoeHandle_t handle, const int64_t* topkIdx, size_t numTokens,
                              int topk, void* stream) {
-  fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  fuscoComm_t comm = liveCommOf(handle);
   return guarded(comm, "fuscoMoeReplan", CallKind::Collective, [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeReplan"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeReplan"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeReplan"));
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Plan));
+    FUSCO_CHECK(implOf(comm).injectFault(FaultPhase::Plan));
     ArgCheck a;
     checkStream(comm, stream, "fuscoMoeReplan", &a);
     if (numTokens > 0 && topkIdx == nullptr)
       a.fail("fuscoMoeReplan: topkIdx is NULL with %zu tokens", numTokens);
     checkDevicePtr(comm, topkIdx, "fuscoMoeReplan", "topkIdx", &a);
-    return replanMoe(topkIdx, numTokens, topk, stream, a, &handle->impl);
+    return replanMoe(topkIdx, numTokens, topk, stream, a, &moeOf(handle));
   });
 }
 
 fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t rowBytes, void* recvX,
                                void* stream) {
-  fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  fuscoComm_t comm = liveCommOf(handle);
   return guarded(comm, "fuscoMoeDispatch", planUseKind(handle), [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeDispatch"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeDispatch"));
-    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeDispatch");
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Dispatch));
-    MoeHandle& h = handle->impl;
+    if (!moeOf(handle).planned) return refuseUnplanned("fuscoMoeDispatch");
+    FUSCO_CHECK(implOf(comm).injectFault(FaultPhase::Dispatch));
+    MoeHandle& h = moeOf(handle);
     const ArgCheck a = checkDispatch(comm, h, x, rowBytes, recvX, stream);
     return moeDispatch(h, x, rowBytes, recvX, a, stream);
   });
@@ -152,14 +164,14 @@ fuscoResult_t fuscoMoeDispatch(fuscoMoeHandle_t handle, const void* x, size_t ro
 fuscoResult_t fuscoMoeCombine(fuscoMoeHandle_t handle, const void* expertOut,
                               fuscoDataType_t datatype, size_t hidden, const float* topkWeights,
                               void* out, void* stream) {
-  fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  fuscoComm_t comm = liveCommOf(handle);
   return guarded(comm, "fuscoMoeCombine", planUseKind(handle), [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkOwnerComm(comm, handle, "fuscoMoeCombine"));
     FUSCO_CHECK(checkComm(comm, "fuscoMoeCombine"));
-    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeCombine");
-    FUSCO_CHECK(comm->impl->injectFault(FaultPhase::Combine));
-    MoeHandle& h = handle->impl;
+    if (!moeOf(handle).planned) return refuseUnplanned("fuscoMoeCombine");
+    FUSCO_CHECK(implOf(comm).injectFault(FaultPhase::Combine));
+    MoeHandle& h = moeOf(handle);
     const int dt = rawEnum(datatype);
     const ArgCheck a = checkCombine(comm, h, expertOut, dt, hidden, topkWeights, out, stream);
     // Only a validated value is used as the enum (any int is legal from C).
@@ -172,13 +184,13 @@ fuscoResult_t fuscoMoeGetRecvCounts(fuscoMoeHandle_t handle, size_t* numRecvRows
                                     int64_t* tokensPerLocalExpert) {
   // Pinned: waiting for a capacity plan uses the comm's progress thread (fuscoCommAbort from
   // another thread must not free the comm meanwhile).
-  const fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  const fuscoComm_t comm = liveCommOf(handle);
   return guarded(comm, "fuscoMoeGetRecvCounts", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeGetRecvCounts"));
     if (numRecvRows == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi, "fuscoMoeGetRecvCounts: numRecvRows is NULL");
-    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeGetRecvCounts");
-    return moeRecvCounts(handle->impl, comm != nullptr, numRecvRows, tokensPerLocalExpert);
+    if (!moeOf(handle).planned) return refuseUnplanned("fuscoMoeGetRecvCounts");
+    return moeRecvCounts(moeOf(handle), comm != nullptr, numRecvRows, tokensPerLocalExpert);
   });
 }
 
@@ -191,26 +203,27 @@ fuscoResult_t fuscoMoeGetStats(fuscoMoeHandle_t handle, fuscoMoeStats_t* stats) 
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetStats: stats->size is %zu, expected %zu", stats->size,
                         sizeof(fuscoMoeStats_t));
-    moeCopyStats(handle->impl, stats);
+    moeCopyStats(moeOf(handle), stats);
     return fuscoSuccess;
   });
 }
 
 fuscoResult_t fuscoMoeHandleDestroy(fuscoMoeHandle_t handle) {
   // Pinned: quiescing the handle uses the comm's progress thread.
-  const fuscoComm_t comm = liveCommOf(LiveKind::MoeHandle, handle);
+  const fuscoComm_t comm = liveCommOf(handle);
   return guarded(comm, "fuscoMoeHandleDestroy", [&]() -> fuscoResult_t {
     FUSCO_CHECK(checkObject(LiveKind::MoeHandle, handle, "fuscoMoeHandleDestroy"));
     // Only the call that takes it out of the registry frees it: a second destroy fails above.
-    if (!unregisterLive(LiveKind::MoeHandle, handle))
+    auto* obj = static_cast<fuscoMoeHandle*>(unregisterLive(LiveKind::MoeHandle, handle));
+    if (obj == nullptr)
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeHandleDestroy: %p is not a live MoE handle (destroyed or never "
                         "created)",
                         static_cast<void*>(handle));
     // Operations still queued on the comm's progress thread may refer to the handle: when they
     // cannot be waited for, the handle is left allocated rather than freed under them.
-    if (comm != nullptr) FUSCO_CHECK(moeQuiesce(handle->impl));
-    delete handle;
+    if (comm != nullptr) FUSCO_CHECK(moeQuiesce(obj->impl));
+    delete obj;
     return fuscoSuccess;
   });
 }
@@ -223,8 +236,8 @@ fuscoResult_t fuscoMoeGetRecvCountsDevice(fuscoMoeHandle_t handle, const int64_t
       return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                         "fuscoMoeGetRecvCountsDevice: numRecvRows is NULL");
     // The counts it points at are the rejected routing's after a failed replan.
-    if (!handle->impl.planned) return refuseUnplanned("fuscoMoeGetRecvCountsDevice");
-    return moeRecvCountsDevice(handle->impl, numRecvRows, tokensPerLocalExpert);
+    if (!moeOf(handle).planned) return refuseUnplanned("fuscoMoeGetRecvCountsDevice");
+    return moeRecvCountsDevice(moeOf(handle), numRecvRows, tokensPerLocalExpert);
   });
 }
 

@@ -12,8 +12,8 @@ constexpr int kKinds = 4;
 
 struct Registry {
   std::mutex mu;
-  std::map<const void*, uint64_t> live[kKinds];  // object -> serial, one map per kind
-  uint64_t nextSerial = 1;
+  std::map<const void*, void*> live[kKinds];  // handle -> object, one map per kind
+  uintptr_t nextSerial = 1;
 };
 
 // Never destroyed: entry points may run from other threads' exit paths or static destructors.
@@ -22,39 +22,51 @@ Registry& registry() {
   return *r;
 }
 
-std::map<const void*, uint64_t>& liveOf(Registry& r, LiveKind kind) {
+std::map<const void*, void*>& liveOf(Registry& r, LiveKind kind) {
   return r.live[static_cast<int>(kind)];
+}
+
+// 16-byte steps above a base per kind that no allocation uses: a handle shows its kind in a
+// debugger, and the serial leaves 2^36 handles before the bases could meet.
+const void* handleFor(LiveKind kind, uintptr_t serial) {
+  const uintptr_t base = uintptr_t{0xf5c1} + static_cast<uintptr_t>(kind);
+  return reinterpret_cast<const void*>(base << 40 | serial << 4);
 }
 
 }  // namespace
 
-uint64_t registerLive(LiveKind kind, const void* obj) {
+void* registerLive(LiveKind kind, void* obj) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  return liveOf(r, kind)[obj] = r.nextSerial++;
+  const void* h = handleFor(kind, r.nextSerial++);
+  liveOf(r, kind)[h] = obj;
+  return const_cast<void*>(h);
 }
 
-bool unregisterLive(LiveKind kind, const void* obj) {
+void* unregisterLive(LiveKind kind, const void* handle) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  return liveOf(r, kind).erase(obj) != 0;
+  auto it = liveOf(r, kind).find(handle);
+  if (it == liveOf(r, kind).end()) return nullptr;
+  void* obj = it->second;
+  liveOf(r, kind).erase(it);
+  return obj;
 }
 
-bool isLive(LiveKind kind, const void* obj) { return liveSerial(kind, obj) != 0; }
-
-uint64_t liveSerial(LiveKind kind, const void* obj) {
-  if (obj == nullptr) return 0;
+void* liveObject(LiveKind kind, const void* handle) {
+  if (handle == nullptr) return nullptr;
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  auto it = liveOf(r, kind).find(obj);
-  return it == liveOf(r, kind).end() ? 0 : it->second;
+  auto it = liveOf(r, kind).find(handle);
+  return it == liveOf(r, kind).end() ? nullptr : it->second;
 }
 
-bool whileLive(LiveKind kind, const void* obj, void (*fn)(void* arg), void* arg) {
+bool whileLive(LiveKind kind, const void* handle, void (*fn)(void* obj, void* arg), void* arg) {
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
-  if (liveOf(r, kind).count(obj) == 0) return false;
-  fn(arg);
+  auto it = liveOf(r, kind).find(handle);
+  if (it == liveOf(r, kind).end()) return false;
+  fn(it->second, arg);
   return true;
 }
 

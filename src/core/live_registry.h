@@ -1,7 +1,8 @@
 // The objects the library has handed out and not destroyed yet, by kind, so that every entry
-// point can refuse a pointer it did not make or has freed (docs/API.md, "Conventions"). Each
-// registration gets a serial number that is never reused: an object made later at the same
-// address is not taken for the one an older handle remembers. Thread-safe.
+// point can refuse a handle it did not make or has freed (docs/API.md, "Conventions"). A handle is
+// a number, never the object's address and never reused: an object made later at the same address
+// gets another handle, so a destroyed handle stays dead (as the NCCL shim's communicators do).
+// Handles are opaque to callers and never dereferenced. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +11,19 @@ namespace fusco {
 
 enum class LiveKind { Comm, MoeHandle, Layout, LowLatency };
 
-// Registers obj as live under kind; returns its serial number (never 0, never reused).
-uint64_t registerLive(LiveKind kind, const void* obj);
-// Removes obj; false when it was not live (destroyed already, or never made).
-bool unregisterLive(LiveKind kind, const void* obj);
-// Whether obj is live under kind (a layout passed where a MoE handle is expected is not).
-bool isLive(LiveKind kind, const void* obj);
-// The serial number obj was registered with, or 0 when it is not live.
-uint64_t liveSerial(LiveKind kind, const void* obj);
-// Calls fn(arg) under the registry's lock when obj is live, so obj cannot be unregistered (and
-// freed) before fn returns; false, without calling fn, otherwise.
-bool whileLive(LiveKind kind, const void* obj, void (*fn)(void* arg), void* arg);
+// Registers obj as live under kind; returns the handle to give out for it (never NULL).
+void* registerLive(LiveKind kind, void* obj);
+// Removes handle; returns its object, or nullptr when it was not live (destroyed already, or
+// never made).
+void* unregisterLive(LiveKind kind, const void* handle);
+// The object behind a live handle of kind, or nullptr (a layout passed where a MoE handle is
+// expected is not live as one).
+void* liveObject(LiveKind kind, const void* handle);
+inline bool isLive(LiveKind kind, const void* handle) {
+  return liveObject(kind, handle) != nullptr;
+}
+// Calls fn(obj, arg) under the registry's lock when handle is live, so its object cannot be
+// unregistered (and freed) before fn returns; false, without calling fn, otherwise.
+bool whileLive(LiveKind kind, const void* handle, void (*fn)(void* obj, void* arg), void* arg);
 
 }  // namespace fusco

@@ -101,7 +101,7 @@ TEST(Netns, RanksAreNodesAndCrossNodePeersUseUcx) {
         EXPECT_EQ(ls, localSize[r]);
 
         // Transport of each peer: shm on the node, ucx across nodes.
-        const fusco::Communicator& impl = *comm->impl;
+        const fusco::Communicator& impl = fusco::implOf(comm);
         for (int p = 0; p < n; ++p) {
           if (p == r) continue;
           const fusco::PeerConn& c = impl.conn(p);

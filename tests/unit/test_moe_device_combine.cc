@@ -35,7 +35,7 @@ class OneRankComm {
     if (comm_ != nullptr) fuscoCommDestroy(comm_);
     if (idOk_) fusco::bootstrapReleaseId(id_);
   }
-  fusco::Communicator* impl() const { return comm_ != nullptr ? comm_->impl.get() : nullptr; }
+  fusco::Communicator* impl() const { return comm_ != nullptr ? fusco::commImpl(comm_) : nullptr; }
 
  private:
   fuscoUniqueId id_;
