@@ -94,6 +94,31 @@ static void destroyedBody(const ncclUniqueId* id, int rank, int n) {
   expectDead(parent, n, "destroyed parent");
 }
 
+/* A registration handle taken back stays dead: deregistering it again is ncclInvalidArgument and
+ * leaves the registration made after it in place, which its own handle still removes. */
+static void staleRegistrationBody(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t comm = NULL;
+  NCCLOK(ncclCommInitRank(&comm, n, *id, rank));
+  uint8_t* a = malloc(4096);
+  uint8_t* b = malloc(4096);
+  for (int round = 0; round < 4; ++round) {
+    void* ha = NULL;
+    void* hb = NULL;
+    NCCLOK(ncclCommRegister(comm, a, 4096, &ha));
+    NCCLOK(ncclCommDeregister(comm, ha));
+    NCCLOK(ncclCommRegister(comm, b, 4096, &hb));
+    CHECK(ha != hb, "round %d: a registration handle was given out twice", round);
+    CHECK(ncclCommDeregister(comm, ha) == ncclInvalidArgument,
+          "round %d: a stale registration handle was taken", round);
+    CHECK_MSG(ncclGetLastError(comm), "not a registration of this comm");
+    NCCLOK(ncclCommDeregister(comm, hb));
+  }
+  checkedAllToAll(comm, rank, n, 3, 5);
+  free(a);
+  free(b);
+  NCCLOK(ncclCommDestroy(comm));
+}
+
 /* Item 1: ncclGroupStart, a send and a receive with every peer (or an ncclAlltoAll), the group's
  * communicator destroyed or aborted, ncclGroupEnd: ncclInvalidArgument naming the call, no byte
  * moved, and the process goes on with its other communicators. */
@@ -322,17 +347,17 @@ int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(
         stderr,
-        "usage: %s destroyed|group-destroy|group-abort|abort-during-group|group-error|split-config "
-        "NRANKS\n",
+        "usage: %s destroyed|group-destroy|group-abort|abort-during-group|group-error|split-config|"
+        "idle-peer-death|stale-registration NRANKS\n",
         argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed",   "group-destroy", "group-abort",    "abort-during-group",
-                         "group-error", "split-config",  "idle-peer-death"};
+  const char* names[] = {"destroyed",   "group-destroy", "group-abort",     "abort-during-group",
+                         "group-error", "split-config",  "idle-peer-death", "stale-registration"};
   RawBody bodies[] = {destroyedBody,        groupOutlivesCommBody, groupOutlivesCommBody,
                       abortDuringGroupBody, groupErrorRaw,         splitBadConfigBody,
-                      idlePeerDeathBody};
+                      idlePeerDeathBody,    staleRegistrationBody};
   gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
