@@ -408,6 +408,14 @@ bool Communicator::breakOnDeadPeer() {
   return false;
 }
 
+fuscoResult_t Communicator::checkUsable(const char* fn) {
+  breakOnDeadPeer();
+  if (brokenResult() == fuscoSuccess) return fuscoSuccess;
+  return FUSCO_FAIL(brokenResult(), kApi,
+                    "%s: the communicator failed in an earlier call and cannot be used: %s", fn,
+                    brokenMessage().c_str());
+}
+
 void Communicator::checkIdlePeers() {
   // A call in flight on another thread watches the peers itself.
   if (progress_ || activeCalls.load() > 1) return;

@@ -125,6 +125,9 @@ class Communicator {
   // call would find. Each transport's checkPeer returns at once. Comms with a progress thread
   // leave it to that thread.
   void checkIdlePeers();
+  // fuscoSuccess while the comm can be used; otherwise the error that broke it, naming fn. Looks
+  // at the peers first: a dead or aborted peer breaks the comm now (each check returns at once).
+  fuscoResult_t checkUsable(const char* fn);
   // Checks of device-side state that kernels write without the host (the low-latency buffers'
   // words): run by the idle progress thread every FUSCO_LIVENESS_MS (which then also checks the
   // peers, as for captured operations) and by takeAsyncError. A check may break the comm or set

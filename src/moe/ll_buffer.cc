@@ -84,6 +84,41 @@ fuscoResult_t agreeOnConfig(const Communicator& c, const ArgCheck& a,
   return fuscoSuccess;
 }
 
+// Every bootstrap message of a create or destroy starts with the step that sent it, so ranks that
+// make these calls in different orders are told so, naming the call each made.
+constexpr const char* kCreateStep = "create ";
+constexpr const char* kMapStep = "map ";
+constexpr const char* kDestroyStep = "destroy ";
+
+const char* stepCall(const std::string& msg) {
+  if (msg.rfind(kCreateStep, 0) == 0 || msg.rfind(kMapStep, 0) == 0) return "fuscoLowLatencyCreate";
+  if (msg.rfind(kDestroyStep, 0) == 0) return "fuscoLowLatencyDestroy";
+  return "another call";
+}
+
+// All ranks gather (step + mine); every reply must come from the same step. out: each rank's
+// message with the step taken off.
+fuscoResult_t gatherStep(Communicator& c, const char* step, const std::string& mine,
+                         std::vector<std::string>* out) {
+  std::vector<std::string> all;
+  FUSCO_CHECK(c.bootstrap().allGather(step + mine, &all));
+  const std::string tag(step);
+  for (int p = 0; p < c.nranks(); ++p) {
+    if (all[p].rfind(tag, 0) == 0) continue;
+    const char* mineCall = stepCall(tag);
+    const fuscoResult_t r = FUSCO_FAIL(
+        fuscoInvalidUsage, kApi,
+        "%s: rank %d is in %s while rank %d is in %s; every rank must create and destroy its "
+        "low-latency buffers in the same order (the communicator cannot be used any more)",
+        mineCall, p, stepCall(all[p]), c.rank(), mineCall);
+    c.markBroken(r, threadLastError());
+    return r;
+  }
+  out->resize(all.size());
+  for (size_t p = 0; p < all.size(); ++p) (*out)[p] = all[p].substr(tag.size());
+  return fuscoSuccess;
+}
+
 }  // namespace
 
 LowLatency::~LowLatency() {
@@ -160,10 +195,12 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
                       "fuscoLowLatencyCreate: every rank must reach every other through mapped "
                       "memory (one node); these %d ranks form %d nodes",
                       c.nranks(), c.nodes().numNodes);
+  // A broken comm, or one whose peer died, fails at once, as every other collective call does.
+  FUSCO_CHECK(c.checkUsable("fuscoLowLatencyCreate"));
   // The configs first, before anything is allocated or mapped: a rank sized differently would
   // write past its peers' buffers.
   std::vector<std::string> cfgs;
-  FUSCO_CHECK(c.bootstrap().allGather(a.ok() ? configWords(cfg) : "-" + a.message, &cfgs));
+  FUSCO_CHECK(gatherStep(c, kCreateStep, a.ok() ? configWords(cfg) : "-" + a.message, &cfgs));
   FUSCO_CHECK(agreeOnConfig(c, a, cfgs));
   // Allocation, the words' reset and the peers' mappings are setup calls (docs/DESIGN.md, "The
   // CUDA rules"): they run once no operation of the process waits.
@@ -180,7 +217,7 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
     if (p != c.rank() && !c.regionToken(p, l->buf_, l->layout_.total, &token))
       a.fail("fuscoLowLatencyCreate: rank %d's buffer cannot be mapped by rank %d", c.rank(), p);
   std::vector<std::string> all;
-  fuscoResult_t r = c.bootstrap().allGather(a.ok() ? std::to_string(token) : "-" + a.message, &all);
+  fuscoResult_t r = gatherStep(c, kMapStep, a.ok() ? std::to_string(token) : "-" + a.message, &all);
   if (r == fuscoSuccess && !a.ok()) r = FUSCO_FAIL(a.status, kApi, "%s", a.message.c_str());
   for (int p = 0; p < c.nranks() && r == fuscoSuccess; ++p)
     if (!all[p].empty() && all[p][0] == '-')
@@ -210,6 +247,7 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
 
 fuscoResult_t LowLatency::destroy() {
   fuscoResult_t r = fuscoSuccess;
+  const bool wasUsable = c_.brokenResult() == fuscoSuccess;
   if (device_) {
     // The watch stays until the device is idle: it releases kernels still waiting on a peer.
     r = c_.useDevice();
@@ -217,11 +255,15 @@ fuscoResult_t LowLatency::destroy() {
     c_.removeWatch(this);
   }
   // No peer writes this buffer once every rank is here (a dead peer fails the barrier at once:
-  // nobody writes it either). A broken rank joins too, so no peer waits for it.
+  // nobody writes it either). A broken rank joins too, so no peer waits for it. On a comm that was
+  // usable, a rank that never came is an error that breaks it: nobody knows what it still writes.
   std::vector<std::string> all;
-  c_.bootstrap().allGather("", &all);
+  fuscoResult_t g = gatherStep(c_, kDestroyStep, "", &all);
+  if (g != fuscoSuccess && wasUsable && c_.brokenResult() == fuscoSuccess)
+    c_.markBroken(g, "fuscoLowLatencyDestroy: " + threadLastError());
+  if (!wasUsable) g = fuscoSuccess;  // the comm's failure was reported by the call that broke it
   const fuscoResult_t f = c_.memFree(buf_);
-  return r != fuscoSuccess ? r : f;
+  return r != fuscoSuccess ? r : g != fuscoSuccess ? g : f;
 }
 
 ll::Args LowLatency::argsFor(const LlCall& call) const {
