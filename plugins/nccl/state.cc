@@ -62,6 +62,10 @@ void decide(Global* g) {
   g->logLevel = parseLevel(getenv("FUSCO_DEBUG"));
   const char* mem = getenv("FUSCO_NCCL_MEM");
   g->memType = (mem != nullptr && strcasecmp(mem, "host") == 0) ? fuscoMemHost : fuscoMemCuda;
+  // Like every knob: a value it does not know is warned about and replaced by the default.
+  if (mem != nullptr && *mem != '\0' && strcasecmp(mem, "host") != 0 &&
+      strcasecmp(mem, "device") != 0)
+    logAt(1, "FUSCO_NCCL_MEM=%s is not host or device: using device (the default)", mem);
   const char* mode = getenv("FUSCO_NCCL_MODE");
   if (mode != nullptr && strcasecmp(mode, "standalone") == 0) return;
   const char* path = getenv("FUSCO_NCCL_LIBRARY");

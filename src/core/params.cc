@@ -45,8 +45,17 @@ Registry& registry() {
   return *r;
 }
 
+// Decimal, or hexadecimal with 0x; a leading zero before more digits is refused rather than read
+// as octal ("010" would be 8): the text is ambiguous, so it is warned about like any bad value.
+bool leadingZero(const char* p) {
+  while (isspace(static_cast<unsigned char>(*p))) ++p;
+  if (*p == '+' || *p == '-') ++p;
+  return p[0] == '0' && isdigit(static_cast<unsigned char>(p[1]));
+}
+
 bool parseInt(const std::string& s, int64_t* out) {
   const char* p = s.c_str();
+  if (leadingZero(p)) return false;
   char* end = nullptr;
   errno = 0;
   long long v = strtoll(p, &end, 0);

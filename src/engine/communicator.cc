@@ -80,10 +80,11 @@ FUSCO_PARAM_INT(
     "ranks per node; > 0 splits one host into virtual nodes of this many ranks (0: by host)");
 FUSCO_PARAM_STRING(NetDevices, "FUSCO_NET_DEVICES", "",
                    "inter-node devices/rails, comma separated (empty: auto)");
-// Any byte count is read; the slice sizes the transports support are checked when a communicator
-// is made, for this variable and fuscoConfig_t.chunkBytes alike.
-FUSCO_PARAM_INT(ChunkBytes, "FUSCO_CHUNK_BYTES", 0, 0, INT64_MAX,
-                "pipeline slice size in bytes (0: auto, 512 KiB)");
+// The slice sizes the transports support: a value outside them is warned about and replaced by
+// the default, like every knob (fusco_info shows the same). fuscoConfig_t.chunkBytes, an argument,
+// is checked when a communicator is made.
+FUSCO_PARAM_INT(ChunkBytes, "FUSCO_CHUNK_BYTES", kDefaultChunkBytes, kMinChunkBytes, kMaxChunkBytes,
+                "pipeline slice size in bytes (4 KiB to 256 MiB)");
 FUSCO_PARAM_INT(PipelineDepth, "FUSCO_PIPELINE_DEPTH", 0, 0, kMaxDepth,
                 "slices in flight per peer (0: auto, 4)");
 
@@ -120,11 +121,10 @@ fuscoResult_t Communicator::resolveOptions(const CommOptions& o) {
   ctx_.memType = o.memType;
   ctx_.netDevices = !o.netDevices.empty() ? o.netDevices : paramNetDevices();
   ctx_.timeoutMs = o.timeoutMs > 0 ? o.timeoutMs : paramTimeoutMs();
-  int64_t chunk = o.chunkBytes ? static_cast<int64_t>(o.chunkBytes) : paramChunkBytes();
-  if (chunk == 0) chunk = kDefaultChunkBytes;
+  const int64_t chunk = o.chunkBytes ? static_cast<int64_t>(o.chunkBytes) : paramChunkBytes();
   if (chunk < static_cast<int64_t>(kMinChunkBytes) || chunk > static_cast<int64_t>(kMaxChunkBytes))
     return FUSCO_FAIL(fuscoInvalidArgument, kInit,
-                      "chunk size %lld bytes is outside the supported range [%zu, %zu]",
+                      "config.chunkBytes %lld is outside the supported range [%zu, %zu]",
                       static_cast<long long>(chunk), kMinChunkBytes, kMaxChunkBytes);
   ctx_.chunkBytes = static_cast<size_t>(chunk);
   int64_t depth = o.depth ? o.depth : paramPipelineDepth();

@@ -51,7 +51,7 @@ const fusco::ParamInfo* find(const std::vector<fusco::ParamInfo>& list, const st
 TEST_F(Params, DefaultsApplyWithoutEnvironment) {
   EXPECT_EQ(fusco::paramIntByName("FUSCO_TIMEOUT_MS"), 300000);
   EXPECT_EQ(fusco::paramIntByName("FUSCO_LOCAL_SIZE"), 0);
-  EXPECT_EQ(fusco::paramIntByName("FUSCO_CHUNK_BYTES"), 0);
+  EXPECT_EQ(fusco::paramIntByName("FUSCO_CHUNK_BYTES"), 512 << 10);
   EXPECT_EQ(fusco::paramIntByName("FUSCO_PIPELINE_DEPTH"), 0);
   EXPECT_EQ(fusco::paramStringByName("FUSCO_DEBUG"), "WARN");
   for (const auto& p : fusco::paramList()) {
@@ -104,10 +104,10 @@ TEST_F(Params, SizeSuffixesKMGAreBinaryMultiples) {
       {"3m", 3LL << 20}, {"1G", 1LL << 30},   {"4g", 4LL << 30},   {"0x1000", 4096},
   };
   for (const auto& c : cases) {
-    setenv("FUSCO_CHUNK_BYTES", c.first, 1);
+    setenv("FUSCO_CUDA_STAGING_BYTES", c.first, 1);
     fusco::paramsReload();
-    EXPECT_EQ(fusco::paramIntByName("FUSCO_CHUNK_BYTES"), c.second)
-        << "FUSCO_CHUNK_BYTES=" << c.first;
+    EXPECT_EQ(fusco::paramIntByName("FUSCO_CUDA_STAGING_BYTES"), c.second)
+        << "FUSCO_CUDA_STAGING_BYTES=" << c.first;
   }
 }
 
@@ -247,11 +247,13 @@ TEST_F(Params, RejectedValuesFallBackToTheDefault) {
   };
   const Case cases[] = {
       {"FUSCO_TIMEOUT_MS", "-5", "300000"},   {"FUSCO_TIMEOUT_MS", "0", "300000"},
-      {"FUSCO_TIMEOUT_MS", "12ms", "300000"}, {"FUSCO_CHUNK_BYTES", "abc", "0"},
-      {"FUSCO_CHUNK_BYTES", "-1", "0"},       {"FUSCO_CHUNK_BYTES", "99999999999G", "0"},
-      {"FUSCO_PIPELINE_DEPTH", "65", "0"},    {"FUSCO_SHM_DIRECT", "2", "1"},
-      {"FUSCO_BALANCE_SLACK", "2M", "64"},    {"FUSCO_DEBUG", "LOUD", "WARN"},
-      {"FUSCO_PLAN_TRACE", "yes", "0"},
+      {"FUSCO_TIMEOUT_MS", "12ms", "300000"}, {"FUSCO_CHUNK_BYTES", "abc", "524288"},
+      {"FUSCO_CHUNK_BYTES", "-1", "524288"},  {"FUSCO_CHUNK_BYTES", "99999999999G", "524288"},
+      {"FUSCO_CHUNK_BYTES", "1G", "524288"},  {"FUSCO_CHUNK_BYTES", "0", "524288"},
+      {"FUSCO_NET_GDR", "maybe", "auto"},     {"FUSCO_TIMEOUT_MS", "08", "300000"},
+      {"FUSCO_TIMEOUT_MS", "010", "300000"},  {"FUSCO_PIPELINE_DEPTH", "65", "0"},
+      {"FUSCO_SHM_DIRECT", "2", "1"},         {"FUSCO_BALANCE_SLACK", "2M", "64"},
+      {"FUSCO_DEBUG", "LOUD", "WARN"},        {"FUSCO_PLAN_TRACE", "yes", "0"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.text);

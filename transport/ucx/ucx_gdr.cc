@@ -7,9 +7,16 @@
 namespace fusco {
 namespace ucx {
 
-FUSCO_PARAM_STRING(NetGdr, "FUSCO_NET_GDR", "auto",
+// A choice, so a value other than these is warned about and replaced by auto, like every knob.
+constexpr ParamChoice kGdrChoices[] = {{"auto", -1}, {"0", 0}, {"1", 1}};
+FUSCO_PARAM_CHOICE(NetGdrChoice, int, "FUSCO_NET_GDR", "auto", kGdrChoices,
                    "CUDA comms across nodes: auto, 0 (rows staged through pinned host memory) or "
                    "1 (GPUDirect RDMA; fails init where it is impossible)");
+
+std::string paramNetGdr() {
+  const int v = paramNetGdrChoice();
+  return v < 0 ? "auto" : std::to_string(v);
+}
 
 fuscoResult_t chooseNetPath(const std::string& setting, size_t cudaRails, size_t rails,
                             std::string* path) {
