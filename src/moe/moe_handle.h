@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -16,6 +17,25 @@
 #include "plan/node_plan.h"
 
 namespace fusco {
+
+// Anonymous host memory reserved without being committed: a page costs memory only once it is
+// written, so lists sized for a bound far above what they hold (a capacity plan's receive lists)
+// cost what they hold. Not copyable.
+class SparseBytes {
+ public:
+  SparseBytes() = default;
+  ~SparseBytes();
+  SparseBytes(const SparseBytes&) = delete;
+  SparseBytes& operator=(const SparseBytes&) = delete;
+  // Room for at least bytes (contents not kept when it grows); false when the address space or
+  // the system refuses it.
+  bool reserve(size_t bytes);
+  char* data() const { return static_cast<char*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 // Where one list of a plan keeps its elements, and how many bytes it holds there (its capacity).
 struct ListStorage {
@@ -125,7 +145,9 @@ struct MoeHandle {
   std::atomic<int> planState{kPlanPending};
   struct Steps {
     LayerPlan plan, staged;
-    std::vector<char> hostMem, hostFan;
+    std::vector<char> hostMem;
+    // A host comm's receive lists; a capacity plan sizes them for recvCapacity rows.
+    SparseBytes hostFan;
     DeviceBuffer fanBuffer;
     uint32_t* fanStart = nullptr;
     int64_t* fanRows = nullptr;

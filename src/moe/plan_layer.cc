@@ -163,10 +163,13 @@ fuscoResult_t LayerRun::reserveFanLists(uint64_t rows, uint64_t entries) {
   if (dev_) {
     FUSCO_CHECK(h_.steps.fanBuffer.reserve(bytes, c_.timeoutMs()));
     base = h_.steps.fanBuffer.device();
-  } else {
-    FUSCO_CHECK(hostBytes(&h_.steps.hostFan, bytes));
-    base = h_.steps.hostFan.data();
+  } else if (!h_.steps.hostFan.reserve(bytes)) {
+    return FUSCO_FAIL(fuscoSystemError, kPlan,
+                      "out of host memory for the receive lists of %llu rows (%zu bytes; a "
+                      "capacity plan sizes them for recvCapacity rows)",
+                      static_cast<unsigned long long>(rows), bytes);
   }
+  if (!dev_) base = h_.steps.hostFan.data();
   h_.steps.fanStart = reinterpret_cast<uint32_t*>(base);
   h_.steps.fanRows = reinterpret_cast<int64_t*>(base + startBytes);
   return fuscoSuccess;
