@@ -190,8 +190,15 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   } else if (paramAsyncHost() != 0) {
     FUSCO_CHECK(c->twinFlags());
     if (!c->twinPeerFlags_.empty() || nranks == 1) {
-      c->streamOps_ = hostStreamOps(c->ctx_.timeoutMs);
+      c->streamOps_ = hostStreamOps(c->ctx_.timeoutMs, c->twinBeatWord(c->twinOwnFlags_));
       FUSCO_CHECK(c->startStreams());
+      Communicator* self = c.get();
+      c->progress_->setBeat([self](int p) { return self->streamBeat(p); });
+      c->streamOps_->setMotion([self] {
+        uint64_t sum = 0;
+        for (int p = -1; p < self->nranks_; ++p) sum = sum * 0x100000001b3ull + self->streamBeat(p);
+        return sum;
+      });
       FUSCO_INFO(kInit,
                  "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
                  "twin of the stream");
@@ -304,8 +311,9 @@ fuscoResult_t Communicator::startAsync() {
 // mapped by every peer of its node; peers on other nodes have the network bridge's (net_bridge.h).
 // Left empty (no twin) on every rank when a pair of ranks of one node cannot map each other's
 // memory: such comms keep the host engine.
+// After the flags, one more word: the twin stream's beat (streamBeat).
 fuscoResult_t Communicator::twinFlags() {
-  const size_t bytes = static_cast<size_t>(kDeviceFlagKinds) * nranks_ * 64;
+  const size_t bytes = (static_cast<size_t>(kDeviceFlagKinds) * nranks_ + 1) * 64;
   void* own = nullptr;
   FUSCO_CHECK(memAlloc(bytes, &own));
   std::memset(own, 0, bytes);
@@ -334,6 +342,20 @@ fuscoResult_t Communicator::twinFlags() {
     if (a != "1") return fuscoSuccess;
   twinPeerFlags_ = std::move(peers);
   return fuscoSuccess;
+}
+
+volatile uint32_t* Communicator::twinBeatWord(char* flags) const {
+  if (flags == nullptr) return nullptr;
+  return reinterpret_cast<volatile uint32_t*>(flags +
+                                              static_cast<size_t>(kDeviceFlagKinds) * nranks_ * 64);
+}
+
+uint32_t Communicator::streamBeat(int peer) const {
+  char* flags = peer < 0 || peer == rank_                           ? twinOwnFlags_
+                : static_cast<size_t>(peer) < twinPeerFlags_.size() ? twinPeerFlags_[peer]
+                                                                    : nullptr;
+  volatile uint32_t* w = twinBeatWord(flags);
+  return w != nullptr ? *w : 0;
 }
 
 void Communicator::setAsyncError(fuscoResult_t r, const std::string& why,

@@ -217,6 +217,10 @@ class Communicator {
   // A host comm whose calls run through the enqueue-only engine on a host twin of the stream
   // (FUSCO_ASYNC_HOST=1, stream_ops.h).
   bool hostTwin() const { return memType() == fuscoMemHost && streamOps_ != nullptr; }
+  // How far the host twin's stream of `peer` (-1: this rank) has come: a word its stream raises
+  // as it finishes each item and copy task, which peers on the node read (the progress thread's
+  // timeout restarts while the ranks it waits for keep moving); 0 without a twin.
+  uint32_t streamBeat(int peer) const;
   // An enqueued operation whose arguments disagreed between ranks (no data moved, the comm stays
   // usable): fuscoCommGetAsyncError reports it once. takeAsyncError: the error that broke the comm,
   // else the last such failure (then forgotten), else fuscoSuccess; *why: its message.
@@ -275,8 +279,9 @@ class Communicator {
   fuscoResult_t startAsync();
   fuscoResult_t startStreams();  // startBridge and startAsync in a setup window
   fuscoResult_t twinFlags();
-  char* twinOwnFlags_ = nullptr;      // the host twin's flag words (in the shm arena)
-  std::vector<char*> twinPeerFlags_;  // each peer's, mapped here
+  char* twinOwnFlags_ = nullptr;  // the host twin's flag words (in the shm arena)
+  volatile uint32_t* twinBeatWord(char* flags) const;
+  std::vector<char*> twinPeerFlags_;                         // each peer's, mapped here
   std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;

@@ -183,10 +183,33 @@ void Progress::idleStep(std::unique_lock<std::mutex>& lk) {
   lk.lock();
 }
 
+void Progress::setBeat(std::function<uint32_t(int)> beat) {
+  std::lock_guard<std::mutex> g(mu_);
+  beat_ = std::move(beat);
+}
+
+// The beats of this rank's stream and of the ranks the waits are for, in one number (mu_ held).
+uint64_t Progress::beatDigest() const {
+  if (!beat_) return 0;
+  uint64_t digest = beat_(-1);
+  for (const Wait& w : waits_)
+    if (w.peer >= 0) digest = digest * 0x100000001b3ull + beat_(w.peer) + 1;
+  return digest;
+}
+
+// Whether this rank's stream or a rank a wait is for moved since the last look (mu_ held).
+bool Progress::beatsMoved() {
+  const uint64_t digest = beatDigest();
+  const bool moved = digest != lastBeats_;
+  lastBeats_ = digest;
+  return moved;
+}
+
 // One look at the waits: progress, dead peers (every liveness period), the timeout.
 void Progress::watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive) {
   const int64_t now = nowNs();
-  if (sweep()) lastProgress_ = now;
+  const bool swept = sweep();
+  if (beatsMoved() || swept) lastProgress_ = now;
   if (!waits_.empty() && now - *lastLive >= livenessNs_) {
     *lastLive = now;
     std::vector<int> peers;
@@ -272,11 +295,16 @@ void Progress::setDoing(const std::string& what) {
 
 void Progress::watch() {
   std::unique_lock<std::mutex> lk(mu_);
+  uint64_t seen = 0;
   for (;;) {
     // Asleep while no job runs; while one does, a look every liveness period.
     if (jobStart_ == 0) watchCv_.wait(lk, [this] { return stop_ || jobStart_ != 0; });
     if (jobStart_ == 0 && stop_) return;
     watchCv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_));
+    // A job that waits for ranks whose streams (or its own) still move is not stuck.
+    const uint64_t beats = beatDigest();
+    if (jobStart_ != 0 && beats != seen) jobStart_ = nowNs();
+    seen = beats;
     if (jobStart_ == 0 || jobReported_ || nowNs() - jobStart_ < timeoutNs_) continue;
     jobReported_ = true;
     const std::string why = "the progress thread was stuck for longer than the timeout (" +

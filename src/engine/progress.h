@@ -64,6 +64,10 @@ class Progress {
   void setPump(std::function<bool()> pump);
   // Something moved for the streams' waits (the bridge's rows): the timeout starts again.
   void noteProgress();
+  // From now on a change of beat(p) for a rank p the streams wait for, or of beat(-1) (this rank's
+  // stream), counts as progress: a large transfer that keeps moving is not a hang (the timeout
+  // measures how long nothing moved, not how long a wait lasts).
+  void setBeat(std::function<uint32_t(int)> beat);
   // What the running job does now (the watchdog's report names it); the job's name by default.
   void setDoing(const std::string& what);
 
@@ -104,6 +108,10 @@ class Progress {
   std::vector<Wait> releasedWaits_;
   bool stop_ = false, released_ = false;
   int64_t lastProgress_ = 0;
+  std::function<uint32_t(int)> beat_;
+  uint64_t lastBeats_ = 0;  // a digest of the beats at the last look
+  bool beatsMoved();
+  uint64_t beatDigest() const;
   std::thread thread_;
   std::thread watchdog_;
 };

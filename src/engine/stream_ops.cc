@@ -90,7 +90,8 @@ bool reached(const void* addr, uint32_t value) {
 // The stream: a thread running its items in order; an item returns false while it must wait.
 class HostOps : public StreamOps {
  public:
-  explicit HostOps(int64_t timeoutMs) : timeoutMs_(timeoutMs), thread_([this] { run(); }) {}
+  HostOps(int64_t timeoutMs, volatile uint32_t* beat)
+      : timeoutMs_(timeoutMs), beat_(beat), thread_([this] { run(); }) {}
   ~HostOps() override {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -157,15 +158,20 @@ class HostOps : public StreamOps {
   }
   fuscoResult_t copyDeferred(void*, const void* block, size_t slots) override {
     const TwinBatch* b = static_cast<const TwinBatch*>(block);
-    push([b, slots] {
+    volatile uint32_t* beat = beat_;
+    push([b, slots, beat] {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       for (size_t i = 0; i < slots; ++i)
-        for (uint64_t k = 0; k < b[i].n && k < kTwinBatch; ++k) runTask(b[i].t[k]);
+        for (uint64_t k = 0; k < b[i].n && k < kTwinBatch; ++k) {
+          runTask(b[i].t[k]);
+          if (beat != nullptr) *beat = *beat + 1;
+        }
       return true;
     });
     return fuscoSuccess;
   }
   fuscoResult_t drain() override;
+  void setMotion(std::function<uint64_t()> motion) override { motion_ = std::move(motion); }
 
  private:
   void push(std::function<bool()> item) {
@@ -178,6 +184,8 @@ class HostOps : public StreamOps {
   void run();
 
   const int64_t timeoutMs_;
+  volatile uint32_t* const beat_;
+  std::function<uint64_t()> motion_;
   std::mutex mu_;
   std::condition_variable cv_, idle_;
   std::deque<std::function<bool()>> items_;
@@ -195,6 +203,7 @@ void HostOps::run() {
     lk.unlock();
     const bool done = item();
     if (!done) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (done && beat_ != nullptr) *beat_ = *beat_ + 1;
     lk.lock();
     busy_ = false;
     if (done) items_.pop_front();
@@ -202,22 +211,29 @@ void HostOps::run() {
   }
 }
 
-// Bounded: every wait of the stream is watched and released by the progress thread within the
-// comm's timeout; twice that is a bug, reported instead of waiting on.
+// Bounded: every wait of the stream is watched and released by the progress thread once nothing
+// moved for the comm's timeout; nothing moving for twice that is a bug, reported instead of
+// waiting on.
 fuscoResult_t HostOps::drain() {
   std::unique_lock<std::mutex> lk(mu_);
   const auto limit = std::chrono::milliseconds(2 * timeoutMs_ + 1000);
-  if (!idle_.wait_for(lk, limit, [&] { return items_.empty() && !busy_; }))
-    return FUSCO_FAIL(fuscoInternalError, kEngine,
-                      "the host twin's stream did not finish within twice the timeout");
+  const auto done = [&] { return items_.empty() && !busy_; };
+  uint64_t seen = motion_ ? motion_() : 0;
+  while (!idle_.wait_for(lk, limit, done)) {
+    const uint64_t now = motion_ ? motion_() : 0;
+    if (now == seen)
+      return FUSCO_FAIL(fuscoInternalError, kEngine,
+                        "the host twin's stream did not move for twice the timeout");
+    seen = now;
+  }
   return fuscoSuccess;
 }
 
 }  // namespace
 
 std::unique_ptr<StreamOps> cudaStreamOps() { return std::make_unique<CudaOps>(); }
-std::unique_ptr<StreamOps> hostStreamOps(int64_t timeoutMs) {
-  return std::make_unique<HostOps>(timeoutMs);
+std::unique_ptr<StreamOps> hostStreamOps(int64_t timeoutMs, volatile uint32_t* beat) {
+  return std::make_unique<HostOps>(timeoutMs, beat);
 }
 
 }  // namespace fusco

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,11 +39,14 @@ class StreamOps {
   virtual fuscoResult_t copyDeferred(void* stream, const void* block, size_t slots) = 0;
   // The host twin: waits until its stream ran everything enqueued (CUDA: nothing to do).
   virtual fuscoResult_t drain() { return fuscoSuccess; }
+  // The host twin: drain's bound restarts whenever motion() changes (the ranks' streams move).
+  virtual void setMotion(std::function<uint64_t()> motion) { (void)motion; }
 };
 
 std::unique_ptr<StreamOps> cudaStreamOps();
-// timeoutMs bounds drain(); the stream's waits are released by the progress thread.
-std::unique_ptr<StreamOps> hostStreamOps(int64_t timeoutMs);
+// timeoutMs bounds drain(); the stream's waits are released by the progress thread. beat (may be
+// NULL): a word the stream raises after each item and each copy task it finishes.
+std::unique_ptr<StreamOps> hostStreamOps(int64_t timeoutMs, volatile uint32_t* beat = nullptr);
 
 // FUSCO_ASYNC_HOST: 1 runs host comms' calls through the enqueue-only engine on a host twin.
 int64_t paramAsyncHost();
