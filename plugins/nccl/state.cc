@@ -267,36 +267,6 @@ fuscoConfig_t fuscoConfigFor(fuscoMemType_t mem, int device) {
   return cfg;
 }
 
-const CudaRt* cudaRt() {
-  static CudaRt rt;
-  static bool ok = false;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* h = RTLD_DEFAULT;
-    if (dlsym(h, "cudaGetDevice") == nullptr) {
-      h = nullptr;
-      for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"})
-        if (h == nullptr) h = dlopen(n, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (h == nullptr) return;
-    rt.getDevice = reinterpret_cast<int (*)(int*)>(dlsym(h, "cudaGetDevice"));
-    rt.malloc = reinterpret_cast<int (*)(void**, size_t)>(dlsym(h, "cudaMalloc"));
-    rt.free = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaFree"));
-    rt.memcpy = reinterpret_cast<int (*)(void*, const void*, size_t, int)>(dlsym(h, "cudaMemcpy"));
-    rt.streamSynchronize =
-        reinterpret_cast<int (*)(cudaStream_t)>(dlsym(h, "cudaStreamSynchronize"));
-    ok = rt.getDevice && rt.malloc && rt.free && rt.memcpy && rt.streamSynchronize;
-  });
-  return ok ? &rt : nullptr;
-}
-
-int currentDevice() {
-  const CudaRt* rt = cudaRt();
-  int d = -1;
-  if (rt == nullptr || rt->getDevice(&d) != 0) return -1;
-  return d;
-}
-
 GroupState& group() {
   thread_local GroupState g;
   return g;

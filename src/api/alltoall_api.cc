@@ -63,8 +63,12 @@ PendingCall makeCall(fuscoComm_t comm, bool send, int peer, const void* buf, siz
     c.check.fail("%s: buffer is NULL with %zu rows of %zu bytes to move", fn, nrows, rowBytes);
   if (commIsLive(comm)) {
     checkStream(comm, stream, fn, &c.check);
-    checkDevicePtr(comm, buf, fn, "the buffer", &c.check);
-    checkDevicePtr(comm, rows, fn, "rowIdx", &c.check);
+    // A call that moves nothing reads neither (NCCL programs pass the end of a buffer for a zero
+    // count, which the CUDA runtime may not place in any allocation).
+    if (nrows > 0 && rowBytes > 0) {
+      checkDevicePtr(comm, buf, fn, "the buffer", &c.check);
+      checkDevicePtr(comm, rows, fn, "rowIdx", &c.check);
+    }
   }
   return c;
 }
