@@ -25,7 +25,8 @@ namespace fusco {
 
 FUSCO_PARAM_INT(
     CudaSms, "FUSCO_CUDA_SMS", 0, 0, INT32_MAX,
-    "CUDA path: multiprocessors the copy and sum kernels may use (0: all), like DeepEP's num_sms");
+    "CUDA path: multiprocessors the kernels may use (0: all, or the rank's part of a GPU that "
+    "several ranks share), like DeepEP's num_sms");
 
 #ifdef FUSCO_HAVE_CUDA
 
@@ -64,6 +65,19 @@ fuscoResult_t cudaUseDevice(int requested, int* device) {
                       "config.cudaDevice %d: only %d CUDA device(s) present", dev, n);
   FUSCO_CUDACHECK(cudaSetDevice(dev), kInit);
   *device = dev;
+  return fuscoSuccess;
+}
+
+fuscoResult_t cudaDeviceIdentity(int device, std::string* uuid) {
+  cudaDeviceProp prop;
+  FUSCO_CUDACHECK(cudaGetDeviceProperties(&prop, device), kInit);
+  static const char kHex[] = "0123456789abcdef";
+  uuid->clear();
+  for (int i = 0; i < 16; ++i) {
+    const unsigned char b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    uuid->push_back(kHex[b >> 4]);
+    uuid->push_back(kHex[b & 15]);
+  }
   return fuscoSuccess;
 }
 
@@ -410,6 +424,7 @@ fuscoResult_t notBuilt() {
 
 bool cudaBuilt() { return false; }
 fuscoResult_t cudaUseDevice(int, int*) { return notBuilt(); }
+fuscoResult_t cudaDeviceIdentity(int, std::string*) { return notBuilt(); }
 fuscoResult_t cudaSetCurrent(int) { return notBuilt(); }
 bool cudaIsDevicePointer(const void*) { return false; }
 fuscoResult_t cudaStreamFlags(void*, const std::vector<StreamFlagOp>&) { return notBuilt(); }
@@ -474,7 +489,13 @@ fuscoResult_t devicePlanFan(const gplan::FanArgs&, const gplan::SendArgs&, void*
 }
 fuscoResult_t deviceLoadKernels(int) { return notBuilt(); }
 bool deviceKernelsLoaded() { return false; }
+void deviceSetShare(int, int) {}
 
 #endif
+
+int64_t sharedSms(int64_t sms, int ranks) {
+  const int64_t share = ranks > 1 ? sms / ranks : sms;
+  return share > 0 ? share : 1;
+}
 
 }  // namespace fusco

@@ -25,6 +25,8 @@ namespace fusco {
 // Selects `requested` (or the calling thread's current device when < 0) for this thread and
 // returns it. fuscoUnhandledCudaError with the runtime's message when no driver or device is there.
 fuscoResult_t cudaUseDevice(int requested, int* device);
+// The device's UUID as 32 hex digits: equal on two ranks exactly when they share one GPU.
+fuscoResult_t cudaDeviceIdentity(int device, std::string* uuid);
 // Plain device memory (cudaMalloc / cudaFree).
 fuscoResult_t cudaAllocDevice(size_t bytes, void** ptr);
 fuscoResult_t cudaFreeDevice(void* ptr);

@@ -16,6 +16,8 @@ constexpr int kMaxDevices = 64;
 // Multiprocessors of each device the kernels were loaded on (0: not loaded there). Written once
 // per device under gLoadMu, before the kernels' geometry is read by any launch on that device.
 std::atomic<int> gDeviceSms[kMaxDevices];
+// Ranks sharing each device (deviceSetShare; 0 or 1: the device is this process's alone).
+std::atomic<int> gDeviceShare[kMaxDevices];
 std::mutex gLoadMu;
 
 fuscoResult_t loadAll(KernelLoader* l) {
@@ -39,8 +41,17 @@ int64_t usableSms() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
   const int sms = gDeviceSms[dev].load(std::memory_order_acquire);
+  if (sms == 0) return 0;
+  const int64_t share = sharedSms(sms, gDeviceShare[dev].load(std::memory_order_relaxed));
   const int64_t cap = paramCudaSms();
-  return cap > 0 && cap < sms ? cap : sms;
+  return cap > 0 && cap < share ? cap : share;
+}
+
+void deviceSetShare(int device, int ranks) {
+  if (device < 0 || device >= kMaxDevices) return;
+  int cur = gDeviceShare[device].load(std::memory_order_relaxed);
+  while (ranks > cur && !gDeviceShare[device].compare_exchange_weak(cur, ranks)) {
+  }
 }
 
 bool deviceKernelsLoaded() { return usableSms() > 0; }

@@ -19,5 +19,13 @@ namespace fusco {
 fuscoResult_t deviceLoadKernels(int device);
 // Whether deviceLoadKernels ran on the calling thread's current device.
 bool deviceKernelsLoaded();
+// `ranks` ranks (processes) share `device`, as the device UUIDs exchanged at a communicator's init
+// tell: every kernel grid of this process on it is capped at 1/ranks of its multiprocessors (and
+// FUSCO_CUDA_SMS), so the co-located ranks' spinning grids fit on the GPU together. The largest
+// share a communicator of the process reported holds. Thread-safe.
+void deviceSetShare(int device, int ranks);
+// The multiprocessors each rank's kernels may take on `device`: its count divided by the ranks
+// sharing it, at least 1 (sms: the device's count).
+int64_t sharedSms(int64_t sms, int ranks);
 
 }  // namespace fusco

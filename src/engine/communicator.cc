@@ -13,6 +13,7 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "device/cuda_rt.h"
+#include "device/kernel_load.h"
 #include "engine/engine_async.h"
 #include "engine/net_bridge.h"
 #include "engine/peer_info.h"
@@ -176,7 +177,10 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->ctx_.peers = &c->peers_;
   c->ctx_.commTag = c->bootstrap_->commTag();
   c->pairSeq_.assign(nranks, 0);
-  if (opts.memType == fuscoMemCuda) FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
+  if (opts.memType == fuscoMemCuda) {
+    FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
+    FUSCO_CHECK(c->shareDevices());
+  }
   // The setup calls of init run once no operation of another comm of this process can wait
   // (docs/DESIGN.md, "The CUDA rules"), each in a setup window of its own: a window is never held
   // across an exchange with the peers, whose processes may wait for this one's other comms.
@@ -459,6 +463,24 @@ void Communicator::checkGraphPeers() {
 
 // Every rank of a CUDA comm learns whether every rank has its device, before any transport is set
 // up.
+// Ranks on one GPU (equal device UUIDs) share its multiprocessors: each rank's kernels are capped
+// at its part, so the spinning grids of co-located ranks fit on the GPU together
+// (docs/DESIGN.md, "When ranks share one GPU").
+fuscoResult_t Communicator::shareDevices() {
+  std::string mine;
+  if (cudaDeviceIdentity(device_, &mine) != fuscoSuccess) mine.clear();  // counted alone
+  std::vector<std::string> all;
+  FUSCO_CHECK(bootstrap_->allGather(mine, &all));
+  const int ranks = ranksSharingDevice(all, rank_);
+  deviceSetShare(device_, ranks);
+  if (ranks > 1)
+    FUSCO_INFO(kInit,
+               "%d ranks share CUDA device %d: each rank's kernels take at most 1/%d of its "
+               "multiprocessors",
+               ranks, device_, ranks);
+  return fuscoSuccess;
+}
+
 fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::string& error) {
   const std::string failure = status == fuscoSuccess ? "" : error.empty() ? "unknown" : error;
   int failed = -1;

@@ -239,6 +239,7 @@ class Communicator {
  private:
   Communicator() = default;
   fuscoResult_t resolveOptions(const CommOptions& opts);
+  fuscoResult_t shareDevices();
   fuscoResult_t connectTransports();
   fuscoResult_t agreeOnDevices(fuscoResult_t status, const std::string& error);
   fuscoResult_t loadKernels();

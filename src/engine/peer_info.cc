@@ -54,4 +54,11 @@ PeerInfo localPeerInfo() {
   return info;
 }
 
+int ranksSharingDevice(const std::vector<std::string>& ids, int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= ids.size() || ids[rank].empty()) return 1;
+  int n = 0;
+  for (const std::string& id : ids) n += id == ids[rank] ? 1 : 0;
+  return n;
+}
+
 }  // namespace fusco

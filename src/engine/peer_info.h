@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "transport/transport.h"
 
@@ -12,5 +13,8 @@ namespace fusco {
 std::string encodePeerInfo(const PeerInfo& info, int localSize);
 bool decodePeerInfo(const std::string& blob, PeerInfo* info, int* localSize);
 PeerInfo localPeerInfo();
+// How many ranks hold the device identity ids[rank] (itself included); an empty identity (unknown)
+// is counted as not shared.
+int ranksSharingDevice(const std::vector<std::string>& ids, int rank);
 
 }  // namespace fusco

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "core/topology.h"
+#include "device/kernel_load.h"
+#include "engine/peer_info.h"
 
 namespace {
 
@@ -122,3 +124,17 @@ TEST(LocalHostId, IsStableAndNonEmpty) {
 }
 
 }  // namespace
+
+// Ranks on one GPU (equal device UUIDs) split its multiprocessors: each rank's kernels take their
+// part, so the spinning grids of co-located ranks fit on the GPU together.
+TEST(DeviceShare, RanksWithTheSameDeviceIdentityShareItsMultiprocessors) {
+  const std::vector<std::string> ids = {"gpu-a", "gpu-a", "gpu-b", "gpu-a", "", ""};
+  EXPECT_EQ(fusco::ranksSharingDevice(ids, 0), 3);
+  EXPECT_EQ(fusco::ranksSharingDevice(ids, 3), 3);
+  EXPECT_EQ(fusco::ranksSharingDevice(ids, 2), 1);
+  EXPECT_EQ(fusco::ranksSharingDevice(ids, 4), 1) << "an unknown identity is not shared";
+  EXPECT_EQ(fusco::ranksSharingDevice(ids, 9), 1);
+  EXPECT_EQ(fusco::sharedSms(132, 8), 16);
+  EXPECT_EQ(fusco::sharedSms(132, 1), 132);
+  EXPECT_EQ(fusco::sharedSms(4, 8), 1) << "every rank keeps one multiprocessor";
+}
