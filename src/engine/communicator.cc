@@ -198,11 +198,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
       FUSCO_CHECK(c->startStreams());
       Communicator* self = c.get();
       c->progress_->setBeat([self](int p) { return self->streamBeat(p); });
-      c->streamOps_->setMotion([self] {
-        uint64_t sum = 0;
-        for (int p = -1; p < self->nranks_; ++p) sum = sum * 0x100000001b3ull + self->streamBeat(p);
-        return sum;
-      });
+      c->streamOps_->setMotion([self] { return self->streamMotion(); });
       FUSCO_INFO(kInit,
                  "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
                  "twin of the stream");
@@ -360,6 +356,13 @@ uint32_t Communicator::streamBeat(int peer) const {
                                                                     : nullptr;
   volatile uint32_t* w = twinBeatWord(flags);
   return w != nullptr ? *w : 0;
+}
+
+uint64_t Communicator::streamMotion() const {
+  if (twinOwnFlags_ == nullptr) return 0;
+  uint64_t sum = 0;
+  for (int p = -1; p < nranks_; ++p) sum = sum * 0x100000001b3ull + streamBeat(p);
+  return sum;
 }
 
 void Communicator::setAsyncError(fuscoResult_t r, const std::string& why,

@@ -221,6 +221,8 @@ class Communicator {
   // as it finishes each item and copy task, which peers on the node read (the progress thread's
   // timeout restarts while the ranks it waits for keep moving); 0 without a twin.
   uint32_t streamBeat(int peer) const;
+  // Every rank's beat of the node in one number (0 without a twin): changes while any moves.
+  uint64_t streamMotion() const;
   // An enqueued operation whose arguments disagreed between ranks (no data moved, the comm stays
   // usable): fuscoCommGetAsyncError reports it once. takeAsyncError: the error that broke the comm,
   // else the last such failure (then forgotten), else fuscoSuccess; *why: its message.

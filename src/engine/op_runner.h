@@ -135,6 +135,7 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
   const int64_t livenessNs = paramLivenessMs() * 1000000LL;
   const int64_t spin = paramSpinBeforeYield();
   int64_t lastProgress = nowNs(), lastLive = lastProgress, idle = 0;
+  uint64_t motion = c_.streamMotion();
   for (;;) {
     bool progressed = false, done = false;
     FUSCO_CHECK(step(&progressed, &done));
@@ -153,6 +154,10 @@ fuscoResult_t OpRunner::loop(const char* phase, Step step) {
       return failPending(fuscoInvalidUsage, phase, "aborted (fuscoCommAbort)");
     if (now - lastLive >= livenessNs) {
       lastLive = now;
+      // Peers still finishing earlier work on their streams (host twin) are not stuck.
+      const uint64_t m = c_.streamMotion();
+      if (m != motion) lastProgress = now;
+      motion = m;
       for (int p : order_) {
         if (!pending(p)) continue;
         if (c_.checkPeer(p) != fuscoSuccess) {
