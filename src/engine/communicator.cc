@@ -474,6 +474,8 @@ fuscoResult_t Communicator::shareDevices() {
   if (cudaDeviceIdentity(device_, &mine) != fuscoSuccess) mine.clear();  // counted alone
   std::vector<std::string> all;
   FUSCO_CHECK(bootstrap_->allGather(mine, &all));
+  const std::string queues = connectionsWarning(getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
+  if (!queues.empty() && rank_ == 0) FUSCO_WARN(kInit, "%s", queues.c_str());
   const int ranks = ranksSharingDevice(all, rank_);
   deviceSetShare(device_, ranks);
   if (ranks > 1)

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/liveness.h"
@@ -59,6 +60,17 @@ int ranksSharingDevice(const std::vector<std::string>& ids, int rank) {
   int n = 0;
   for (const std::string& id : ids) n += id == ids[rank] ? 1 : 0;
   return n;
+}
+
+std::string connectionsWarning(const char* maxConnections) {
+  if (maxConnections == nullptr || *maxConnections == '\0') return "";
+  char* end = nullptr;
+  const long n = std::strtol(maxConnections, &end, 10);
+  if (end == maxConnections || *end != '\0' || n >= 4) return "";
+  return "CUDA_DEVICE_MAX_CONNECTIONS=" + std::string(maxConnections) +
+         ": fusco's waits for peers are stream memory operations, which hold their hardware "
+         "queue; with so few queues, a call waiting for a late peer also holds back the work the "
+         "caller puts on its other streams until the peer comes (within the timeout)";
 }
 
 }  // namespace fusco

@@ -138,3 +138,14 @@ TEST(DeviceShare, RanksWithTheSameDeviceIdentityShareItsMultiprocessors) {
   EXPECT_EQ(fusco::sharedSms(132, 1), 132);
   EXPECT_EQ(fusco::sharedSms(4, 8), 1) << "every rank keeps one multiprocessor";
 }
+
+// A CUDA comm says at init when CUDA_DEVICE_MAX_CONNECTIONS leaves fusco's waits sharing the
+// caller's hardware queues (Megatron-LM runs with 1).
+TEST(DeviceShare, FewHardwareQueuesAreWarnedAbout) {
+  EXPECT_NE(fusco::connectionsWarning("1").find("holds back the work"), std::string::npos);
+  EXPECT_NE(fusco::connectionsWarning("2"), "");
+  EXPECT_EQ(fusco::connectionsWarning("8"), "");
+  EXPECT_EQ(fusco::connectionsWarning(nullptr), "");
+  EXPECT_EQ(fusco::connectionsWarning(""), "");
+  EXPECT_EQ(fusco::connectionsWarning("lots"), "");
+}
