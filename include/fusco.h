@@ -97,14 +97,17 @@ typedef struct {
   const char* netDevices; /* inter-node devices/rails, comma separated; NULL: auto */
   size_t chunkBytes;      /* pipeline slice size; 0: auto */
   int pipelineDepth;      /* slices in flight per peer; 0: auto */
+  int maxSms;             /* CUDA comms: multiprocessors fusco's kernels may take on the device (an
+                             SM budget, so that compute overlaps); 0: FUSCO_CUDA_SMS, else all.
+                             Ranks sharing one GPU each take at most their part of it. (version 2) */
 } fuscoConfig_t;
 
 #define FUSCO_CONFIG_MAGIC 0xf05c0c0fu
-#define FUSCO_CONFIG_VERSION 1u
+#define FUSCO_CONFIG_VERSION 2u /* version 1 (without maxSms) is still accepted */
 #define FUSCO_CONFIG_INITIALIZER                                                                   \
   {                                                                                                \
     sizeof(fuscoConfig_t), FUSCO_CONFIG_MAGIC, FUSCO_CONFIG_VERSION, fuscoMemHost, -1, 0, 0, NULL, \
-        0, 0                                                                                       \
+        0, 0, 0                                                                                    \
   }
 
 /* [out] id: magic + root address + random secret. The root (rank 0) must run in the calling

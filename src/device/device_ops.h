@@ -80,7 +80,8 @@ struct DevFinalSum {
 };
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f, void* stream);
 
-// FUSCO_CUDA_SMS: multiprocessors the copy and sum kernels may use (0: all). Declared in
+// FUSCO_CUDA_SMS: multiprocessors the kernels may use where no comm's config sets an SM budget
+// (0: all). Declared in
 // cuda_rt.cc, which every build compiles, so `fusco_info` lists it in builds without CUDA too.
 int64_t paramCudaSms();
 

@@ -1,6 +1,6 @@
 // Grid sizes for the library's persistent kernels (CUDA sources only): the blocks resident on the
-// device at once, capped at FUSCO_CUDA_SMS multiprocessors so communication leaves the rest of
-// the GPU to compute.
+// device at once, capped at the SM budget (fuscoConfig_t.maxSms or FUSCO_CUDA_SMS) so
+// communication leaves the rest of the GPU to compute.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -18,6 +18,9 @@ constexpr int kMaxDevices = 64;
 std::atomic<int> gDeviceSms[kMaxDevices];
 // Ranks sharing each device (deviceSetShare; 0 or 1: the device is this process's alone).
 std::atomic<int> gDeviceShare[kMaxDevices];
+// The smallest SM budget (fuscoConfig_t.maxSms) a communicator of the process set on each device
+// (0: none set).
+std::atomic<int> gDeviceBudget[kMaxDevices];
 std::mutex gLoadMu;
 
 fuscoResult_t loadAll(KernelLoader* l) {
@@ -42,9 +45,16 @@ int64_t usableSms() {
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
   const int sms = gDeviceSms[dev].load(std::memory_order_acquire);
   if (sms == 0) return 0;
-  const int64_t share = sharedSms(sms, gDeviceShare[dev].load(std::memory_order_relaxed));
-  const int64_t cap = paramCudaSms();
-  return cap > 0 && cap < share ? cap : share;
+  const int budget = gDeviceBudget[dev].load(std::memory_order_relaxed);
+  return budgetSms(sms, gDeviceShare[dev].load(std::memory_order_relaxed),
+                   budget > 0 ? budget : paramCudaSms());
+}
+
+void deviceSetBudget(int device, int sms) {
+  if (device < 0 || device >= kMaxDevices || sms <= 0) return;
+  int cur = gDeviceBudget[device].load(std::memory_order_relaxed);
+  while ((cur == 0 || sms < cur) && !gDeviceBudget[device].compare_exchange_weak(cur, sms)) {
+  }
 }
 
 void deviceSetShare(int device, int ranks) {

@@ -92,10 +92,20 @@ FUSCO_PARAM_INT(PipelineDepth, "FUSCO_PIPELINE_DEPTH", 0, 0, kMaxDepth,
 FUSCO_PARAM_INT(LivenessMs, "FUSCO_LIVENESS_MS", 100, 1, INT32_MAX,
                 "how often a waiting rank checks that its peers are alive, in milliseconds");
 
+// Bytes of a version-1 fuscoConfig_t, which ended at pipelineDepth (padded as the struct is).
+constexpr size_t kConfigV1Bytes = (offsetof(fuscoConfig_t, maxSms) + alignof(fuscoConfig_t) - 1) /
+                                  alignof(fuscoConfig_t) * alignof(fuscoConfig_t);
+
+// Whether the config's header is one this library reads: the current version, or version 1.
+bool configHeaderKnown(const fuscoConfig_t* config) {
+  if (config->magic != FUSCO_CONFIG_MAGIC) return false;
+  if (config->version == FUSCO_CONFIG_VERSION) return config->size == sizeof(fuscoConfig_t);
+  return config->version == 1 && config->size == kConfigV1Bytes;
+}
+
 fuscoResult_t commOptionsFromConfig(const fuscoConfig_t* config, CommOptions* o) {
   if (config == nullptr) return fuscoSuccess;
-  if (config->size != sizeof(fuscoConfig_t) || config->magic != FUSCO_CONFIG_MAGIC ||
-      config->version != FUSCO_CONFIG_VERSION)
+  if (!configHeaderKnown(config))
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,
                       "fuscoCommInitRankConfig: config has size %zu, magic 0x%x, version %u; "
                       "expected %zu, 0x%x, %u (initialize it with FUSCO_CONFIG_INITIALIZER)",
@@ -104,10 +114,12 @@ fuscoResult_t commOptionsFromConfig(const fuscoConfig_t* config, CommOptions* o)
   if (config->memType != fuscoMemHost && config->memType != fuscoMemCuda)
     return FUSCO_FAIL(fuscoInvalidArgument, kApi, "config.memType %d is not a memory type",
                       (int)config->memType);
-  if (config->timeoutMs < 0 || config->localSize < 0 || config->pipelineDepth < 0)
+  const int maxSms = config->version >= 2 ? config->maxSms : 0;
+  if (config->timeoutMs < 0 || config->localSize < 0 || config->pipelineDepth < 0 || maxSms < 0)
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                      "config: timeoutMs (%d), localSize (%d) and pipelineDepth (%d) must be >= 0",
-                      config->timeoutMs, config->localSize, config->pipelineDepth);
+                      "config: timeoutMs (%d), localSize (%d), pipelineDepth (%d) and maxSms (%d) "
+                      "must be >= 0",
+                      config->timeoutMs, config->localSize, config->pipelineDepth, maxSms);
   o->memType = config->memType;
   o->cudaDevice = config->cudaDevice;
   o->timeoutMs = config->timeoutMs;
@@ -115,6 +127,7 @@ fuscoResult_t commOptionsFromConfig(const fuscoConfig_t* config, CommOptions* o)
   o->netDevices = config->netDevices ? config->netDevices : "";
   o->chunkBytes = config->chunkBytes;
   o->depth = config->pipelineDepth;
+  o->maxSms = maxSms;
   return fuscoSuccess;
 }
 
@@ -179,7 +192,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->pairSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) {
     FUSCO_CHECK(c->agreeOnDevices(deviceStatus, deviceError));
-    FUSCO_CHECK(c->shareDevices());
+    FUSCO_CHECK(c->shareDevices(opts.maxSms));
   }
   // The setup calls of init run once no operation of another comm of this process can wait
   // (docs/DESIGN.md, "The CUDA rules"), each in a setup window of its own: a window is never held
@@ -469,7 +482,7 @@ void Communicator::checkGraphPeers() {
 // Ranks on one GPU (equal device UUIDs) share its multiprocessors: each rank's kernels are capped
 // at its part, so the spinning grids of co-located ranks fit on the GPU together
 // (docs/DESIGN.md, "When ranks share one GPU").
-fuscoResult_t Communicator::shareDevices() {
+fuscoResult_t Communicator::shareDevices(int maxSms) {
   std::string mine;
   if (cudaDeviceIdentity(device_, &mine) != fuscoSuccess) mine.clear();  // counted alone
   std::vector<std::string> all;
@@ -483,6 +496,10 @@ fuscoResult_t Communicator::shareDevices() {
                "%d ranks share CUDA device %d: each rank's kernels take at most 1/%d of its "
                "multiprocessors",
                ranks, device_, ranks);
+  deviceSetBudget(device_, maxSms);
+  if (maxSms > 0)
+    FUSCO_INFO(kInit, "SM budget: kernels on CUDA device %d take at most %d multiprocessors",
+               device_, maxSms);
   return fuscoSuccess;
 }
 

@@ -28,6 +28,7 @@ struct CommOptions {
   std::string netDevices;  // "" : FUSCO_NET_DEVICES
   size_t chunkBytes = 0;   // 0: FUSCO_CHUNK_BYTES or auto
   int depth = 0;           // 0: FUSCO_PIPELINE_DEPTH or auto
+  int maxSms = 0;          // 0: FUSCO_CUDA_SMS or all
 };
 
 // The options of fuscoCommInitRankConfig's config (NULL: the defaults) into *o, after checking its
@@ -241,7 +242,9 @@ class Communicator {
  private:
   Communicator() = default;
   fuscoResult_t resolveOptions(const CommOptions& opts);
-  fuscoResult_t shareDevices();
+  // CUDA comms: exchanges the device identities; caps every grid at this rank's share of a GPU
+  // that ranks share, and at maxSms (the config's SM budget; 0: none).
+  fuscoResult_t shareDevices(int maxSms);
   fuscoResult_t connectTransports();
   fuscoResult_t agreeOnDevices(fuscoResult_t status, const std::string& error);
   fuscoResult_t loadKernels();

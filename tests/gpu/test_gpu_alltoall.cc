@@ -62,6 +62,27 @@ TEST(GpuAllToAllStreams, LegacyDefaultStreamAndRepeatedCallsStayExact) {
   });
 }
 
+// An SM budget of one multiprocessor (fuscoConfig_t.maxSms): every grid still moves every byte,
+// with sizes from one row to several pipeline slices.
+TEST(GpuAllToAllSmBudget, OneMultiprocessorStillMovesEveryByte) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  fuscoConfig_t cfg = gpuConfig(4);
+  cfg.maxSms = 1;
+  runGpuRanksOnStream(
+      4,
+      [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+        for (size_t count : {size_t{1}, size_t{4099}, size_t{3} << 20}) {
+          auto l = makeA2avLayout(fusco::test::uniformCountMatrix(4, count), 4, ctx.rank, 4,
+                                  seed + count, false);
+          EXPECT_TRUE(gpuAllToAllChecked(comm, l, fuscoInt32, seed + count, Mem::Cuda, Mem::Cuda,
+                                         true, stream.get()))
+              << "count " << count;
+        }
+      },
+      &cfg);
+}
+
 TEST(GpuAllToAllZero, ZeroCountWithNullBuffersSucceedsAndWritesNothing) {
   FUSCO_GPU_REQUIRE();
   runGpuRanksOnStream(2, [](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {

@@ -191,6 +191,34 @@ TEST(ApiBasics, ConfigInitializerHasDocumentedDefaults) {
   EXPECT_EQ(cfg.netDevices, nullptr);
   EXPECT_EQ(cfg.chunkBytes, 0u);
   EXPECT_EQ(cfg.pipelineDepth, 0);
+  EXPECT_EQ(cfg.maxSms, 0);
+}
+
+// A program built against the version-1 header (no maxSms) still makes comms; its padding is
+// not read as an SM budget. A negative budget is refused with a message naming it.
+TEST(ApiBasics, ConfigVersionOneIsReadAndANegativeSmBudgetIsRefused) {
+  {
+    FreshId id;
+    ASSERT_TRUE(id.ok());
+    fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
+    cfg.version = 1;
+    cfg.maxSms = -7;  // the padding of a version-1 struct: ignored
+    fuscoComm_t comm = nullptr;
+    ASSERT_EQ(fuscoCommInitRankConfig(&comm, 1, id.id(), 0, &cfg), fuscoSuccess)
+        << fuscoGetLastError(nullptr);
+    EXPECT_EQ(fuscoCommDestroy(comm), fuscoSuccess);
+  }
+  FreshId id;
+  ASSERT_TRUE(id.ok());
+  fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
+  cfg.maxSms = -1;
+  fuscoComm_t comm = nullptr;
+  EXPECT_EQ(fuscoCommInitRankConfig(&comm, 1, id.id(), 0, &cfg), fuscoInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(std::string(fuscoGetLastError(nullptr)).find("maxSms (-1)"), std::string::npos)
+      << fuscoGetLastError(nullptr);
+  cfg.version = 0;
+  EXPECT_EQ(fuscoCommInitRankConfig(&comm, 1, id.id(), 0, &cfg), fuscoInvalidArgument);
 }
 
 // A one-rank comm needs no peers, so the whole life cycle runs in this process.

@@ -139,6 +139,17 @@ TEST(DeviceShare, RanksWithTheSameDeviceIdentityShareItsMultiprocessors) {
   EXPECT_EQ(fusco::sharedSms(4, 8), 1) << "every rank keeps one multiprocessor";
 }
 
+// The SM budget (fuscoConfig_t.maxSms, FUSCO_CUDA_SMS) caps a rank's grids below its share of the
+// GPU, and never lifts the share of a GPU that ranks share.
+TEST(DeviceShare, TheSmBudgetCapsTheShareAndNeverLiftsIt) {
+  EXPECT_EQ(fusco::budgetSms(132, 1, 24), 24);
+  EXPECT_EQ(fusco::budgetSms(132, 1, 0), 132) << "no budget: the whole device";
+  EXPECT_EQ(fusco::budgetSms(132, 1, 500), 132);
+  EXPECT_EQ(fusco::budgetSms(132, 8, 24), 16) << "the share of 8 ranks is the smaller cap";
+  EXPECT_EQ(fusco::budgetSms(132, 8, 4), 4);
+  EXPECT_EQ(fusco::budgetSms(4, 8, 2), 1);
+}
+
 // A CUDA comm says at init when CUDA_DEVICE_MAX_CONNECTIONS leaves fusco's waits sharing the
 // caller's hardware queues (Megatron-LM runs with 1).
 TEST(DeviceShare, FewHardwareQueuesAreWarnedAbout) {

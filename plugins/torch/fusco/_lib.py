@@ -35,7 +35,7 @@ MEM_HOST, MEM_CUDA = 0, 1
 
 UNIQUE_ID_BYTES = 128
 CONFIG_MAGIC = 0xF05C0C0F
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
 MOE_CONFIG_MAGIC = 0xF05C0E0F
 MOE_CONFIG_VERSION = 1
 
@@ -60,11 +60,12 @@ class Config(ctypes.Structure):
         ("netDevices", ctypes.c_char_p),
         ("chunkBytes", ctypes.c_size_t),
         ("pipelineDepth", ctypes.c_int),
+        ("maxSms", ctypes.c_int),
     ]
 
     def __init__(self):
         super().__init__(ctypes.sizeof(Config), CONFIG_MAGIC, CONFIG_VERSION, MEM_HOST, -1, 0, 0,
-                         None, 0, 0)
+                         None, 0, 0, 0)
 
 
 class MoeConfig(ctypes.Structure):

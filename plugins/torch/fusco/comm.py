@@ -80,14 +80,15 @@ class Communicator:
     device: "cpu" (default; a host-memory comm, every call synchronous, stream NULL) or "cuda" /
     torch.device("cuda", i) (a fuscoMemCuda comm on that device, default the current one; calls
     are ordered on torch's current CUDA stream). Tensors passed to the comm must live there.
-    timeout_ms, local_size, net_devices, chunk_bytes, pipeline_depth: fuscoConfig_t's fields
-    (0 / None: the library's default or the FUSCO_* environment variable).
+    timeout_ms, local_size, net_devices, chunk_bytes, pipeline_depth, max_sms: fuscoConfig_t's
+    fields (0 / None: the library's default or the FUSCO_* environment variable); max_sms is the
+    SM budget of a CUDA comm's kernels.
 
     Use as a context manager, or call destroy(); the comm is also destroyed when collected.
     """
 
     def __init__(self, nranks, rank, unique_id, device=None, *, timeout_ms=0, local_size=0,
-                 net_devices=None, chunk_bytes=0, pipeline_depth=0):
+                 net_devices=None, chunk_bytes=0, pipeline_depth=0, max_sms=0):
         self._lib = _lib.load()
         self._handle = None
         self._children = weakref.WeakSet()
@@ -107,6 +108,7 @@ class Communicator:
         cfg.netDevices = self._net_devices
         cfg.chunkBytes = int(chunk_bytes)
         cfg.pipelineDepth = int(pipeline_depth)
+        cfg.maxSms = int(max_sms)
         uid = _lib.UniqueId()
         ctypes.memmove(ctypes.addressof(uid), unique_id, _lib.UNIQUE_ID_BYTES)
         h = ctypes.c_void_p()
