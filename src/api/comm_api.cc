@@ -37,6 +37,18 @@ fuscoResult_t initRank(fuscoComm_t* comm, int nranks, const fuscoUniqueId& id, i
   return fuscoSuccess;
 }
 
+// Takes comm out of the registry and frees it once no call is inside it. Two destroys of one
+// comm on two threads: the one that finds it gone says so, as a destroyed handle is refused.
+fuscoResult_t freeComm(fuscoComm_t comm, const char* fn) {
+  fuscoComm* c = unregisterComm(comm);
+  if (c == nullptr)
+    return FUSCO_FAIL(fuscoInvalidArgument, kApi,
+                      "%s: comm %p was destroyed by another call meanwhile", fn,
+                      static_cast<void*>(comm));
+  delete c;
+  return fuscoSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -67,18 +79,20 @@ fuscoResult_t fuscoCommInitRankConfig(fuscoComm_t* comm, int nranks, fuscoUnique
 fuscoResult_t fuscoCommDestroy(fuscoComm_t comm) {
   return guarded(nullptr, "fuscoCommDestroy", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommDestroy"));
-    delete unregisterComm(comm);
-    return fuscoSuccess;
+    return freeComm(comm, "fuscoCommDestroy");
   });
 }
 
 fuscoResult_t fuscoCommAbort(fuscoComm_t comm) {
   return guarded(nullptr, "fuscoCommAbort", [&] {
     FUSCO_CHECK(checkComm(comm, "fuscoCommAbort"));
-    implOf(comm).requestAbort();
-    implOf(comm).markBroken(fuscoInvalidUsage, "the communicator was aborted (fuscoCommAbort)");
-    delete unregisterComm(comm);  // waits for blocked calls, which notice the abort within one poll
-    return fuscoSuccess;
+    // Pinned while the abort is raised, so a destroy on another thread cannot free it meanwhile.
+    fuscoComm* pinned = pinComm(comm);
+    if (pinned == nullptr) return freeComm(comm, "fuscoCommAbort");
+    pinned->impl->requestAbort();
+    pinned->impl->markBroken(fuscoInvalidUsage, "the communicator was aborted (fuscoCommAbort)");
+    unpinComm(pinned);
+    return freeComm(comm, "fuscoCommAbort");  // waits for blocked calls, which notice the abort
   });
 }
 

@@ -2,9 +2,11 @@
 // and the config struct check. Everything here must return promptly in one process.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "core/bootstrap.h"
 #include "fusco.h"
@@ -249,3 +251,29 @@ TEST(ApiBasics, SingleRankCommLifeCycle) {
 }
 
 }  // namespace
+
+// Two threads destroy one comm at once: one destroy succeeds, the other is refused as a destroyed
+// handle is, whichever of them gets there first (never two successes for one comm).
+TEST(ApiBasics, TwoDestroysOfOneCommAtOnceSucceedOnce) {
+  for (int round = 0; round < 40; ++round) {
+    FreshId id;
+    ASSERT_TRUE(id.ok());
+    fuscoComm_t comm = nullptr;
+    ASSERT_EQ(fuscoCommInitRank(&comm, 1, id.id(), 0), fuscoSuccess) << fuscoGetLastError(nullptr);
+    std::atomic<int> ready{0};
+    fuscoResult_t r[2] = {fuscoInternalError, fuscoInternalError};
+    auto destroy = [&](int i) {
+      ready++;
+      while (ready.load() < 2) {
+      }
+      r[i] = i == 0 ? fuscoCommDestroy(comm) : fuscoCommAbort(comm);
+    };
+    std::thread a(destroy, 0), b(destroy, 1);
+    a.join();
+    b.join();
+    EXPECT_EQ((r[0] == fuscoSuccess) + (r[1] == fuscoSuccess), 1)
+        << "round " << round << ": " << fuscoGetErrorString(r[0]) << ", "
+        << fuscoGetErrorString(r[1]);
+    EXPECT_TRUE(r[0] == fuscoInvalidArgument || r[1] == fuscoInvalidArgument) << "round " << round;
+  }
+}
