@@ -132,6 +132,15 @@ fuscoResult_t fuscoCommNodeInfo(const fuscoComm_t comm, int* node, int* numNodes
  * (nothing of the disagreeing pairs moved, the comm stays usable); fuscoGetLastError(comm) then
  * names both ranks. */
 fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError);
+/* Collective, blocking: every rank gives `bytes` bytes of host memory from sendbuf, and recvbuf
+ * (nranks * bytes of host memory) receives rank r's at offset r * bytes. It runs over the comm's
+ * bootstrap on the calling thread, on every kind of comm, with no device memory, stream or CUDA
+ * call: for setup data (split colours, unique ids). bytes <= 1 MiB, the same on every rank. A rank
+ * whose arguments are refused still joins, so every rank fails at once with fuscoInvalidArgument
+ * naming it; a rank in another collective of the comm's setup breaks the comm
+ * (fuscoInvalidUsage). */
+fuscoResult_t fuscoCommHostAllGather(fuscoComm_t comm, const void* sendbuf, void* recvbuf,
+                                     size_t bytes);
 
 /* Memory that peers on the same node can write directly (one-copy path). */
 fuscoResult_t fuscoMemAlloc(fuscoComm_t comm, void** ptr, size_t bytes);
