@@ -1,7 +1,7 @@
-// The few CUDA calls the shim makes itself (the device, and a split's small host exchange on a
-// device comm), found at run time: the CUDA runtime where the program exports one or a shared one
-// loads, else the driver, which every machine with a GPU has as libcuda.so.1 (a program linked
-// with the static runtime exports none, and the runtime's shared library may not be on the
+// The few CUDA calls the shim makes itself (the device, ncclMemAlloc's memory and the interposer's
+// unique-id broadcast), found at run time: the CUDA runtime where the program exports one or a
+// shared one loads, else the driver, which every machine with a GPU has as libcuda.so.1 (a program
+// linked with the static runtime exports none, and the runtime's shared library may not be on the
 // library path). Both act on the thread's current context, the one the program's runtime made.
 #include <dlfcn.h>
 

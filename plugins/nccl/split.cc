@@ -1,7 +1,8 @@
 // Standalone communicators: init over a unique id, and ncclCommSplit over the parent fusco
-// communicator. A split is two all-to-alls on the parent: every rank's (color, key), then each
-// new root's fresh unique id to the members of its color; then each color inits its own fusco
-// communicator (new rank = position by key, ties by parent rank, as NCCL orders them).
+// communicator. A split is two host all-gathers on the parent (fuscoCommHostAllGather: host
+// memory, no CUDA call, whatever the comm's memory): every rank's (color, key), then each new
+// root's fresh unique id; then each color inits its own fusco communicator (new rank = position
+// by key, ties by parent rank, as NCCL orders them).
 #include <string.h>
 
 #include <algorithm>
@@ -10,28 +11,6 @@
 
 namespace fnccl {
 namespace {
-
-// One all-to-all of `bytes` per peer on a communicator of either memory space, from and to host
-// memory (a device communicator's buffers are staged through device memory).
-fuscoResult_t hostAllToAll(Comm* c, const void* send, void* recv, size_t bytes) {
-  if (c->memType == fuscoMemHost)
-    return fuscoAllToAll(send, recv, bytes, fuscoUint8, c->fc, nullptr);
-  const CudaRt* rt = cudaRt();
-  if (rt == nullptr) return fuscoSystemError;
-  const size_t total = bytes * c->nranks;
-  void* d = nullptr;
-  if (rt->malloc(&d, 2 * total) != 0) return fuscoUnhandledCudaError;
-  char* ds = static_cast<char*>(d);
-  fuscoResult_t r = fuscoUnhandledCudaError;
-  if (rt->memcpy(ds, send, total, 1 /* host to device */) == 0) {
-    r = fuscoAllToAll(ds, ds + total, bytes, fuscoUint8, c->fc, nullptr);
-    if (r == fuscoSuccess && (rt->streamSynchronize(nullptr) != 0 ||
-                              rt->memcpy(recv, ds + total, total, 2 /* device to host */) != 0))
-      r = fuscoUnhandledCudaError;
-  }
-  rt->free(d);
-  return r;
-}
 
 ncclResult_t makeComm(ncclComm_t* out, int nranks, const fuscoUniqueId& id, int rank,
                       fuscoMemType_t mem, const char* call) {
@@ -82,10 +61,11 @@ ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newco
   else if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
     bad = fail(parent, ncclInvalidArgument, "ncclCommSplit: color %d is negative", color);
   if (bad != ncclSuccess) color = NCCL_SPLIT_NOCOLOR;
-  std::vector<int32_t> mine(2 * static_cast<size_t>(n)), all(2 * static_cast<size_t>(n));
-  for (int p = 0; p < n; ++p) mine[2 * p] = color, mine[2 * p + 1] = key;
-  ncclResult_t r = fromFusco(parent, hostAllToAll(parent, mine.data(), all.data(), 8),
-                             "ncclCommSplit (exchanging colors)");
+  const int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(n));
+  ncclResult_t r =
+      fromFusco(parent, fuscoCommHostAllGather(parent->fc, mine, all.data(), sizeof(mine)),
+                "ncclCommSplit (exchanging colors)");
   if (r != ncclSuccess) return r;
   // Members of each rank's color, ordered by key then parent rank; the first is the new root.
   auto membersOf = [&](int col) {
@@ -98,16 +78,16 @@ ncclResult_t standaloneSplit(Comm* parent, int color, int key, ncclComm_t* newco
   };
   std::vector<int> members = color == NCCL_SPLIT_NOCOLOR ? std::vector<int>() : membersOf(color);
   const bool root = !members.empty() && members[0] == parent->rank;
-  std::vector<fuscoUniqueId> ids(n), got(n);
+  fuscoUniqueId id;  // a root's new id; the others give zeros, which no one reads
+  memset(&id, 0, sizeof(id));
+  std::vector<fuscoUniqueId> got(n);
   if (root) {
-    fuscoUniqueId id;
     r = fromFusco(parent, fuscoGetUniqueId(&id), "ncclCommSplit (making the new id)");
     // A failure here still joins the exchange below, with an id that init will refuse.
     if (r != ncclSuccess) memset(&id, 0, sizeof(id));
-    for (int m : members) ids[m] = id;
   }
   ncclResult_t xr =
-      fromFusco(parent, hostAllToAll(parent, ids.data(), got.data(), sizeof(fuscoUniqueId)),
+      fromFusco(parent, fuscoCommHostAllGather(parent->fc, &id, got.data(), sizeof(id)),
                 "ncclCommSplit (sending the new id)");
   if (bad != ncclSuccess) return bad;
   if (r != ncclSuccess || xr != ncclSuccess) return r != ncclSuccess ? r : xr;
