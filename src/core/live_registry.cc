@@ -8,7 +8,7 @@ namespace fusco {
 
 namespace {
 
-constexpr int kKinds = 4;
+constexpr int kKinds = 5;
 
 struct Registry {
   std::mutex mu;
@@ -41,6 +41,12 @@ void* registerLive(LiveKind kind, void* obj) {
   const void* h = handleFor(kind, r.nextSerial++);
   liveOf(r, kind)[h] = obj;
   return const_cast<void*>(h);
+}
+
+void* mintHandle(LiveKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  return const_cast<void*>(handleFor(kind, r.nextSerial++));
 }
 
 void* unregisterLive(LiveKind kind, const void* handle) {

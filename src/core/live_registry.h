@@ -9,10 +9,14 @@
 
 namespace fusco {
 
-enum class LiveKind { Comm, MoeHandle, Layout, LowLatency };
+// Registration: a comm's registration handles (fuscoCommRegister), which the comm maps to their
+// ranges itself; they take numbers from here (mintHandle) so that they are never reused either.
+enum class LiveKind { Comm, MoeHandle, Layout, LowLatency, Registration };
 
 // Registers obj as live under kind; returns the handle to give out for it (never NULL).
 void* registerLive(LiveKind kind, void* obj);
+// A new handle of kind that names no object here: for objects kept elsewhere (registrations).
+void* mintHandle(LiveKind kind);
 // Removes handle; returns its object, or nullptr when it was not live (destroyed already, or
 // never made).
 void* unregisterLive(LiveKind kind, const void* handle);

@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/cuda_guard.h"
 #include "core/fault.h"
+#include "core/live_registry.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
@@ -572,12 +573,11 @@ fuscoResult_t Communicator::injectFault(FaultPhase phase) {
   return faultPoint(phase, rank_, [&](const char* w) { markBroken(fuscoRemoteError, w); });
 }
 
-// A number, never an address and never reused by any comm of the process: a stale handle (its
-// registration taken back) never names a later registration, even one of an equal range.
+// A number, never an address and never reused by any comm of the process (the live registry's
+// handles): a stale handle (its registration taken back) never names a later registration, even
+// one of an equal range.
 void* Communicator::addRegistration(void* buff, size_t bytes) {
-  static std::atomic<uintptr_t> next{0};
-  const uintptr_t serial = ++next;
-  void* h = reinterpret_cast<void*>(uintptr_t{0xf5cf} << 40 | serial << 4);
+  void* h = mintHandle(LiveKind::Registration);
   registrations_[h] = {buff, bytes};
   return h;
 }
