@@ -494,14 +494,4 @@ void deviceSetBudget(int, int) {}
 
 #endif
 
-int64_t sharedSms(int64_t sms, int ranks) {
-  const int64_t share = ranks > 1 ? sms / ranks : sms;
-  return share > 0 ? share : 1;
-}
-
-int64_t budgetSms(int64_t sms, int ranks, int64_t budget) {
-  const int64_t share = sharedSms(sms, ranks);
-  return budget > 0 && budget < share ? budget : share;
-}
-
 }  // namespace fusco

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "core/cuda_guard.h"
+#include "device/device_share.h"
 #include "device/kernel_grid.cuh"
 #include "device/kernel_load.h"
 

@@ -24,15 +24,9 @@ bool deviceKernelsLoaded();
 // FUSCO_CUDA_SMS), so the co-located ranks' spinning grids fit on the GPU together. The largest
 // share a communicator of the process reported holds. Thread-safe.
 void deviceSetShare(int device, int ranks);
-// The multiprocessors each rank's kernels may take on `device`: its count divided by the ranks
-// sharing it, at least 1 (sms: the device's count).
-int64_t sharedSms(int64_t sms, int ranks);
 // A communicator's SM budget (fuscoConfig_t.maxSms > 0) on `device`: every kernel grid of this
 // process on it takes at most `sms` multiprocessors; the smallest budget set holds. A budget
 // replaces FUSCO_CUDA_SMS, and never lifts the share of a GPU that several ranks use. Thread-safe.
 void deviceSetBudget(int device, int sms);
-// The multiprocessors a rank's kernels may take: the share of `sms` for `ranks` ranks on the
-// device, capped at `budget` when it is > 0.
-int64_t budgetSms(int64_t sms, int ranks, int64_t budget);
 
 }  // namespace fusco

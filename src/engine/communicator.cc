@@ -14,6 +14,7 @@
 #include "core/params.h"
 #include "core/result.h"
 #include "device/cuda_rt.h"
+#include "device/device_share.h"
 #include "device/kernel_load.h"
 #include "engine/engine_async.h"
 #include "engine/net_bridge.h"

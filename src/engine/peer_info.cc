@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "core/liveness.h"
@@ -53,24 +52,6 @@ PeerInfo localPeerInfo() {
   info.pid = getpid();
   info.startTime = processStartTime(info.pid);
   return info;
-}
-
-int ranksSharingDevice(const std::vector<std::string>& ids, int rank) {
-  if (rank < 0 || static_cast<size_t>(rank) >= ids.size() || ids[rank].empty()) return 1;
-  int n = 0;
-  for (const std::string& id : ids) n += id == ids[rank] ? 1 : 0;
-  return n;
-}
-
-std::string connectionsWarning(const char* maxConnections) {
-  if (maxConnections == nullptr || *maxConnections == '\0') return "";
-  char* end = nullptr;
-  const long n = std::strtol(maxConnections, &end, 10);
-  if (end == maxConnections || *end != '\0' || n >= 4) return "";
-  return "CUDA_DEVICE_MAX_CONNECTIONS=" + std::string(maxConnections) +
-         ": fusco's waits for peers are stream memory operations, which hold their hardware "
-         "queue; with so few queues, a call waiting for a late peer also holds back the work the "
-         "caller puts on its other streams until the peer comes (within the timeout)";
 }
 
 }  // namespace fusco

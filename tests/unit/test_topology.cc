@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/topology.h"
-#include "device/kernel_load.h"
+#include "device/device_share.h"
 #include "engine/peer_info.h"
 
 namespace {
