@@ -197,11 +197,12 @@ uint64_t Progress::beatDigest() const {
   return digest;
 }
 
-// Whether this rank's stream or a rank a wait is for moved since the last look (mu_ held).
-bool Progress::beatsMoved() {
+// Whether this rank's stream or a rank a wait is for moved since the look that left *last (mu_
+// held): the progress loop and the watchdog each keep their own.
+bool Progress::beatsMoved(uint64_t* last) const {
   const uint64_t digest = beatDigest();
-  const bool moved = digest != lastBeats_;
-  lastBeats_ = digest;
+  const bool moved = digest != *last;
+  *last = digest;
   return moved;
 }
 
@@ -209,7 +210,7 @@ bool Progress::beatsMoved() {
 void Progress::watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive) {
   const int64_t now = nowNs();
   const bool swept = sweep();
-  if (beatsMoved() || swept) lastProgress_ = now;
+  if (beatsMoved(&lastBeats_) || swept) lastProgress_ = now;
   if (!waits_.empty() && now - *lastLive >= livenessNs_) {
     *lastLive = now;
     std::vector<int> peers;
@@ -302,9 +303,7 @@ void Progress::watch() {
     if (jobStart_ == 0 && stop_) return;
     watchCv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_));
     // A job that waits for ranks whose streams (or its own) still move is not stuck.
-    const uint64_t beats = beatDigest();
-    if (jobStart_ != 0 && beats != seen) jobStart_ = nowNs();
-    seen = beats;
+    if (beatsMoved(&seen) && jobStart_ != 0) jobStart_ = nowNs();
     if (jobStart_ == 0 || jobReported_ || nowNs() - jobStart_ < timeoutNs_) continue;
     jobReported_ = true;
     const std::string why = "the progress thread was stuck for longer than the timeout (" +

@@ -109,8 +109,8 @@ class Progress {
   bool stop_ = false, released_ = false;
   int64_t lastProgress_ = 0;
   std::function<uint32_t(int)> beat_;
-  uint64_t lastBeats_ = 0;  // a digest of the beats at the last look
-  bool beatsMoved();
+  uint64_t lastBeats_ = 0;  // a digest of the beats at the progress loop's last look
+  bool beatsMoved(uint64_t* last) const;
   uint64_t beatDigest() const;
   std::thread thread_;
   std::thread watchdog_;
