@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/sparse_bytes.h"
 #include "device/cuda_rt.h"
 #include "device/device_plan_ops.h"
 #include "engine/communicator.h"
@@ -17,25 +18,6 @@
 #include "plan/node_plan.h"
 
 namespace fusco {
-
-// Anonymous host memory reserved without being committed: a page costs memory only once it is
-// written, so lists sized for a bound far above what they hold (a capacity plan's receive lists)
-// cost what they hold. Not copyable.
-class SparseBytes {
- public:
-  SparseBytes() = default;
-  ~SparseBytes();
-  SparseBytes(const SparseBytes&) = delete;
-  SparseBytes& operator=(const SparseBytes&) = delete;
-  // Room for at least bytes (contents not kept when it grows); false when the address space or
-  // the system refuses it.
-  bool reserve(size_t bytes);
-  char* data() const { return static_cast<char*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // Where one list of a plan keeps its elements, and how many bytes it holds there (its capacity).
 struct ListStorage {
