@@ -26,6 +26,18 @@ fuscoConfig_t llCommConfig(const RankCtx& ctx, int timeoutMs) {
   return cfg;
 }
 
+LlCase llSmallCase(int n) {
+  LlCase c;
+  c.nranks = n;
+  c.numExperts = 2 * n;
+  c.topk = 2;
+  c.maxTopk = 2;
+  c.maxTokensPerRank = 4;
+  c.hidden = 128;
+  c.numTokens.assign(n, 2);
+  return c;
+}
+
 fuscoLowLatency_t llCreate(fuscoComm_t comm, const LlCase& c) {
   const fuscoLowLatencyConfig_t cfg = llConfig(c);
   fuscoLowLatency_t ll = nullptr;

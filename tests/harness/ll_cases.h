@@ -23,6 +23,10 @@ constexpr size_t kLlTailBytes = 64;
 // environment cannot split it), with timeoutMs.
 fuscoConfig_t llCommConfig(const RankCtx& ctx, int timeoutMs = 60000);
 
+// The smallest useful case of n ranks: 2 experts per rank, top-2, 4 tokens at most per rank (2
+// each), rows of 128 bf16: for tests of the calls' life cycle rather than their data.
+LlCase llSmallCase(int n);
+
 // fuscoLowLatencyCreate for c on comm; NULL (failure recorded) when it fails.
 fuscoLowLatency_t llCreate(fuscoComm_t comm, const LlCase& c);
 

@@ -28,18 +28,6 @@ using fusco::test::nowSec;
 using fusco::test::RankCtx;
 using fusco::test::runRanks;
 
-fusco::test::LlCase smallLl(int n) {
-  fusco::test::LlCase c;
-  c.nranks = n;
-  c.numExperts = 2 * n;
-  c.topk = 2;
-  c.maxTopk = 2;
-  c.maxTokensPerRank = 4;
-  c.hidden = 128;
-  c.numTokens.assign(n, 2);
-  return c;
-}
-
 // The comm's timeout is a minute: a create that waited for the dead peer would take it.
 TEST(LowLatencyCreate, AfterAPeerDiedFailsAtOnceNamingTheBrokenComm) {
   MpOptions opt;
@@ -51,7 +39,7 @@ TEST(LowLatencyCreate, AfterAPeerDiedFailsAtOnceNamingTheBrokenComm) {
         fuscoComm_t comm = initComm(ctx, &cfg);
         if (ctx.rank == 1) raise(SIGKILL);
         usleep(300 * 1000);
-        const fusco::test::LlCase c = smallLl(2);
+        const fusco::test::LlCase c = fusco::test::llSmallCase(2);
         const fuscoLowLatencyConfig_t lc = fusco::test::llConfig(c);
         fuscoLowLatency_t ll = nullptr;
         const double t0 = nowSec();
@@ -75,7 +63,7 @@ TEST(LowLatencyDestroy, APeerThatNeverComesFailsTheDestroyAndBreaksTheComm) {
       [](const RankCtx& ctx) {
         fuscoConfig_t cfg = fusco::test::llCommConfig(ctx, 1000);
         fuscoComm_t comm = initComm(ctx, &cfg);
-        const fusco::test::LlCase c = smallLl(2);
+        const fusco::test::LlCase c = fusco::test::llSmallCase(2);
         fuscoLowLatency_t ll = fusco::test::llCreate(comm, c);
         ASSERT_NE(ll, nullptr);
         if (ctx.rank == 1) {
@@ -100,7 +88,7 @@ TEST(LowLatencyCreate, CreateAgainstADestroyNamesBothCalls) {
   runRanks(2, [](const RankCtx& ctx) {
     fuscoConfig_t cfg = fusco::test::llCommConfig(ctx, 10000);
     fuscoComm_t comm = initComm(ctx, &cfg);
-    const fusco::test::LlCase c = smallLl(2);
+    const fusco::test::LlCase c = fusco::test::llSmallCase(2);
     fuscoLowLatency_t ll = fusco::test::llCreate(comm, c);
     ASSERT_NE(ll, nullptr);
     fuscoResult_t r;

@@ -192,14 +192,7 @@ TEST(StaleHandles, DestroyedLowLatencyBufferStaysDeadWhenANewOneTakesItsPlace) {
   runRanks(2, [](const RankCtx& ctx) {
     fuscoConfig_t cfg = fusco::test::llCommConfig(ctx, 10000);
     fuscoComm_t comm = initComm(ctx, &cfg);
-    fusco::test::LlCase c;
-    c.nranks = 2;
-    c.numExperts = 4;
-    c.topk = 2;
-    c.maxTopk = 2;
-    c.maxTokensPerRank = 4;
-    c.hidden = 128;
-    c.numTokens.assign(2, 2);
+    const fusco::test::LlCase c = fusco::test::llSmallCase(2);
     for (int round = 0; round < 3; ++round) {
       fuscoLowLatency_t l1 = fusco::test::llCreate(comm, c);
       FUSCO_ASSERT_OK(comm, fuscoLowLatencyDestroy(l1));
