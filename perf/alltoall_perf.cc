@@ -30,6 +30,7 @@
 #include "cuda_mem.h"
 #include "fusco.h"
 #include "launcher.h"
+#include "mps_daemon.h"
 #include "perf_rng.h"
 
 namespace {
@@ -37,6 +38,7 @@ namespace {
 using fusco::perf::BufferKind;
 using fusco::perf::Launch;
 using fusco::perf::MemMode;
+using fusco::perf::MpsMode;
 
 struct TypeInfo {
   const char* name;
@@ -62,6 +64,8 @@ struct Options {
   int check = 1;
   int arena = 1;  // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
   MemMode mem = MemMode::Host;
+  MpsMode mps = MpsMode::Auto;        // --mps: a private MPS daemon for -np ranks sharing a GPU
+  const char* mpsKind = "off";        // what the run got (MpsRun::kind), for the header and JSON
   const TypeInfo* type = &kTypes[7];  // float
   const char* jsonPath = nullptr;
   fusco::perf::LaunchOptions launch;
@@ -83,11 +87,16 @@ void usage(const char* prog) {
       "             fuscoCommRegister (2)\n"
       "  --mem M    host | cuda | auto (default host): cuda = device buffers, a fuscoMemCuda\n"
       "             comm, stream-ordered calls; auto = cuda when a CUDA device is present\n"
+      "  --mps M    auto | on | off (default auto): with -np N ranks on CUDA memory, a private\n"
+      "             MPS daemon for the run (auto: when ranks outnumber the devices and\n"
+      "             nvidia-cuda-mps-control is on PATH, unless one already serves; on: the\n"
+      "             same, and no daemon is an error; off: time-sliced)\n"
       "  -np N      fork N local ranks (else: mpirun / srun / torchrun environment, else 1 rank)\n"
       "  -J FILE    append one JSON line per size to FILE (rank 0)\n"
       "  -h         this help\n"
       "srun needs MASTER_ADDR exported (rank 0's host); the id is served on FUSCO_ID_PORT\n"
-      "(default MASTER_PORT+1).\n",
+      "(default MASTER_PORT+1). Test hook: FUSCO_PERF_FAKE_DEVICES=N makes --mps decide as if N\n"
+      "devices and CUDA memory (the ranks keep --mem).\n",
       prog);
 }
 
@@ -121,6 +130,8 @@ int parseArgs(int argc, char** argv, Options* o) {
       ok = fusco::perf::parseInt(v, &o->arena) && o->arena >= 0 && o->arena <= 2;
     else if (a == "--mem")
       ok = fusco::perf::parseMemMode(v, &o->mem);
+    else if (a == "--mps")
+      ok = fusco::perf::parseMpsMode(v, &o->mps);
     else if (a == "-np")
       ok = fusco::perf::parseInt(v, &o->launch.np) && o->launch.np >= 1;
     else if (a == "-J")
@@ -345,8 +356,9 @@ bool Rank::gatherInfo() {
 void Rank::printHeader(const std::vector<std::string>& info) const {
   int version = 0;
   fuscoGetVersion(&version);
-  printf("# fusco %d.%d.%d alltoall_perf: %d ranks (%s, %s)\n", version / 10000,
-         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str());
+  printf("# fusco %d.%d.%d alltoall_perf: %d ranks (%s, %s), MPS %s\n", version / 10000,
+         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
+         fusco::perf::mpsHeaderText(o_.mpsKind).c_str());
   printf(
       "# minBytes %zu maxBytes %zu step: %d(factor) warmup iters: %d iters: %d "
       "validation: %d datatype: %s buffers: %s\n",
@@ -471,10 +483,12 @@ void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double 
   if (json_ != nullptr) {
     fprintf(json_,
             "{\"bench\":\"alltoall_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
+            "\"mps\":\"%s\","
             "\"type\":\"%s\",\"buffers\":\"%s\",\"size\":%zu,\"count\":%zu,\"iters\":%d,"
             "\"warmup\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
             "\"wrong\":%" PRId64 ",\"checked\":%d%s}\n",
-            static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.type->name,
+            static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind,
+            o_.type->name,
             cuda()     ? (o_.arena == 1   ? "arena"
                           : o_.arena == 2 ? "registered"
                                           : "cudaMalloc")
@@ -545,8 +559,16 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s: -a 2 (cudaMalloc + fuscoCommRegister) needs --mem cuda\n", argv[0]);
     return 2;
   }
-  return fusco::perf::launchRanks(o.launch, [&o](const Launch& l) {
+  // --mps: a private daemon starts before the ranks are forked, so they inherit its environment,
+  // and stops once they are done, a failed rank included.
+  fusco::perf::MpsRequest req;
+  req.mode = o.mps, req.np = o.launch.np, req.cudaMem = o.mem == MemMode::Cuda;
+  fusco::perf::MpsRun mps;
+  if ((rc = fusco::perf::startMps(argv[0], req, &mps)) != 0) return rc;
+  o.mpsKind = mps.kind;  // the ranks' copy: forked after this
+  rc = fusco::perf::launchRanks(o.launch, [&o](const Launch& l) {
     Rank rank(o, l);
     return rank.run();
   });
+  return fusco::perf::stopMps(argv[0], &mps, rc);  // nothing in a forked rank (it returns here too)
 }

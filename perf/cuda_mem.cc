@@ -104,10 +104,16 @@ int probeDeviceCount(std::string* why) {
 
 }  // namespace
 
+int visibleDeviceCount(std::string* why) {
+  static int known = -1;  // the count once a probe gave one (each probe forks a child)
+  if (known < 0) known = probeDeviceCount(why);
+  return known;
+}
+
 int resolveMemMode(const char* prog, MemMode* mode) {
   if (*mode == MemMode::Host) return 0;
   std::string why;
-  const int n = probeDeviceCount(&why);
+  const int n = visibleDeviceCount(&why);
   if (n > 0) {
     *mode = MemMode::Cuda;
     return 0;
@@ -253,6 +259,8 @@ int resolveMemMode(const char* prog, MemMode* mode) {
           prog);
   return 2;
 }
+
+int visibleDeviceCount(std::string*) { return 0; }
 
 CudaRank::~CudaRank() {
   if (comm != nullptr) fuscoCommDestroy(comm);

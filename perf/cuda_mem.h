@@ -36,6 +36,11 @@ const char* memModeName(MemMode m);
 // in a child process that exits at once.
 int resolveMemMode(const char* prog, MemMode* mode);
 
+// How many CUDA devices this process sees, asked of a short-lived child process as
+// resolveMemMode does (so it is safe before forking; the answer is kept for later calls). 0 in a
+// build without CUDA; -1 with *why when the probe failed.
+int visibleDeviceCount(std::string* why);
+
 // Device buffers (-a): 0 cudaMalloc (the library stages them), 1 fuscoMemAlloc (peers write them
 // directly), 2 cudaMalloc + fuscoCommRegister (the same one-copy path for a caller's buffer).
 enum class BufferKind { Plain = 0, Arena = 1, Registered = 2 };

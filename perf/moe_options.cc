@@ -91,6 +91,12 @@ void usage(const char* prog) {
       "  --mem M             host | cuda | auto: where x, recvX, out, ... live (host); cuda:\n"
       "                      device buffers, stream-ordered calls, CUDA-kernel pipeline,\n"
       "                      device-copy limit; auto: cuda when a CUDA device is present\n"
+      "  --mps M             auto | on | off: with -np N ranks on CUDA memory, a private MPS\n"
+      "                      daemon for the run (auto: when ranks outnumber the devices and\n"
+      "                      nvidia-cuda-mps-control is on PATH, unless one already serves;\n"
+      "                      on: the same, and no daemon is an error; off: time-sliced) (auto)\n"
+      "                      test hook: FUSCO_PERF_FAKE_DEVICES=N decides as if N devices and\n"
+      "                      CUDA memory (the ranks keep --mem)\n"
       "  --mpi-launch M      auto | off: with -np N re-launch under mpirun for the mpi contender\n"
       "  -np N               fork N local ranks (else mpirun / srun / torchrun, else 1 rank)\n"
       "  -J FILE             append one JSON line per contender to FILE (rank 0)\n"
@@ -154,6 +160,7 @@ bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known
   if (a == "-c") return parseInt(v, &o->check) && (o->check == 0 || o->check == 1);
   if (a == "-a") return parseInt(v, &o->arena) && o->arena >= 0 && o->arena <= 2;
   if (a == "--mem") return parseMemMode(v, &o->mem);
+  if (a == "--mps") return parseMpsMode(v, &o->mps);
   if (a == "-np") return parseInt(v, &o->launch.np) && o->launch.np >= 1;
   if (a == "-J") return (o->jsonPath = v), true;
   if (parseRoutingFlag(a, v, &o->routing, known)) return true;

@@ -447,6 +447,23 @@ bool Bench::summarize(const std::vector<double>& mine, const std::vector<int64_t
   return true;
 }
 
+namespace {
+
+// launchRanks under --mps (mps_daemon.h): a private daemon starts before the ranks are forked, so
+// they inherit its environment, and stops once they are done, a failed rank included.
+int launchWithMps(const char* prog, MoeOptions& o, const RankBody& body) {
+  MpsRequest req;
+  req.mode = o.mps, req.np = o.launch.np, req.cudaMem = o.mem == MemMode::Cuda;
+  MpsRun mps;
+  const int rc = startMps(prog, req, &mps);
+  if (rc != 0) return rc;
+  o.mpsKind = mps.kind;  // the ranks' copy: forked after this
+  const int status = launchRanks(o.launch, body);
+  return stopMps(prog, &mps, status);  // nothing in a forked rank (it returns from launchRanks too)
+}
+
+}  // namespace
+
 }  // namespace perf
 }  // namespace fusco
 
@@ -469,7 +486,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.ll)  // the low-latency calls against the normal path (moe_perf_ll.h); no mpi row
-    return launchRanks(o.launch, [&o](const Launch& l) { return runLowLatency(o, l); });
+    return launchWithMps(argv[0], o, [&o](const Launch& l) { return runLowLatency(o, l); });
   if (o.mem == MemMode::Cuda) g_noMpiReason = "host-only contender, skipped with --mem cuda";
 #ifdef FUSCO_HAVE_MPI
   const char* env = launcherInEnvironment();
@@ -485,7 +502,7 @@ int main(int argc, char** argv) {
     g_noMpiReason = std::string("ranks started by ") + env + ", not mpirun";
   }
 #endif
-  return launchRanks(o.launch, [&o](const Launch& l) {
+  return launchWithMps(argv[0], o, [&o](const Launch& l) {
     Bench b(o, l);
     return b.run();
   });

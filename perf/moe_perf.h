@@ -19,6 +19,7 @@
 #include "moe_cuda.h"
 #include "moe_routing.h"
 #include "moe_rows.h"
+#include "mps_daemon.h"
 
 namespace fusco {
 namespace perf {
@@ -58,6 +59,8 @@ struct MoeOptions {
   bool ll = false;  // --ll on: time the low-latency calls against the normal path (moe_perf_ll.h)
   int arena = 1;    // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
   MemMode mem = MemMode::Host;
+  MpsMode mps = MpsMode::Auto;  // --mps: a private MPS daemon for -np ranks sharing a GPU
+  const char* mpsKind = "off";  // what the run got (MpsRun::kind), for the header and JSON
   bool contenders[kNumContenders] = {true, true, true, true};
   bool mpiLaunch = true;  // --mpi-launch auto: re-launch -np N under mpirun for the mpi contender
   bool mpiProbe = false;  // internal: check that mpirun can start this binary with MPI

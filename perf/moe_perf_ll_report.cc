@@ -34,8 +34,9 @@ std::string us(double v, bool have) {
 void LlBench::printHeader(const std::vector<int64_t>& rows) const {
   int version = 0;
   fuscoGetVersion(&version);
-  printf("# fusco %d.%d.%d moe_perf --ll on: %d ranks (%s, %s)\n", version / 10000,
-         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str());
+  printf("# fusco %d.%d.%d moe_perf --ll on: %d ranks (%s, %s), MPS %s\n", version / 10000,
+         (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
+         mpsHeaderText(o_.mpsKind).c_str());
   const CudaRank* c = space_->cuda();
   if (c != nullptr)
     printf(
@@ -125,13 +126,14 @@ std::string LlBench::jsonLine(int row, const LlResult& r, const LlResult& n) con
   char buf[2048];
   snprintf(buf, sizeof(buf),
            "{\"bench\":\"moe_perf\",\"ll\":1,\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
+           "\"mps\":\"%s\","
            "\"mem\":\"%s\",\"gpu\":\"%s\",\"tokens\":%zu,\"hidden\":%zu,\"dtype\":\"bf16\","
            "\"topk\":%d,\"experts\":%d,\"pattern\":\"%s\",\"dedup\":\"%s\",\"balance\":\"%s\","
            "\"replan\":%d,\"arena\":%d,\"iters\":%d,\"warmup\":%d,\"contender\":\"%s\","
            "\"plan_us\":%s,\"dispatch_us\":%.3f,\"combine_us\":%.3f,\"plan_dispatch_us\":%s,"
            "\"total_us\":%.3f,\"total_min_us\":%.3f,\"dispatch_ratio\":%.4f,"
            "\"combine_ratio\":%.4f,\"total_ratio\":%.4f,\"checked\":%d,\"wrong\":0}\n",
-           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(),
+           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind,
            c != nullptr ? "cuda" : "host", c != nullptr ? c->gpuName.c_str() : "", o_.tokens,
            o_.hidden, o_.topk, o_.experts, patternName(o_.routing.pattern),
            kDedupNames[o_.variants.front().dedup], kBalanceNames[o_.variants.front().balance],

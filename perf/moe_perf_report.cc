@@ -32,9 +32,9 @@ void printRowRange(const std::vector<int64_t>& rows, int nranks) {
 void Bench::printHeader(const std::vector<int64_t>& rows) const {
   int version = 0;
   fuscoGetVersion(&version);
-  printf("# fusco %d.%d.%d moe_perf: %d ranks (%s, %s), %d node(s)\n", version / 10000,
+  printf("# fusco %d.%d.%d moe_perf: %d ranks (%s, %s), %d node(s), MPS %s\n", version / 10000,
          (version / 100) % 100, version % 100, l_.nranks, l_.mode.c_str(), l_.launcher.c_str(),
-         numNodes_);
+         numNodes_, mpsHeaderText(o_.mpsKind).c_str());
   if (gpu_)
     printf(
         "# memory: cuda (device buffers, stream-ordered calls; each phase timed from a barrier "
@@ -230,6 +230,7 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
   char buf[2048];
   snprintf(buf, sizeof(buf),
            "{\"bench\":\"moe_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
+           "\"mps\":\"%s\","
            "\"tokens\":%zu,\"hidden\":%zu,\"dtype\":\"%s\",\"topk\":%d,\"experts\":%d,"
            "\"pattern\":\"%s\",\"zipf_s\":%.3f,\"dedup\":\"%s\",\"balance\":\"%s\",\"fuse\":%d,"
            "\"replan\":%d,"
@@ -237,12 +238,12 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
            "\"combine_ms\":%.3f,\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,"
            "\"intra_bytes\":%lld,\"inter_bytes\":%lld,\"inter_bytes_max_rank\":%lld,\"checked\":%d,"
            "\"wrong\":%lld%s}\n",
-           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.tokens, o_.hidden,
-           dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.routing.pattern), zipfS(),
-           dedup.c_str(), balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters, r.name.c_str(),
-           r.plan, r.dispatch, r.combine, r.total, r.totalMin, gbs, static_cast<long long>(r.intra),
-           static_cast<long long>(r.inter), static_cast<long long>(r.interMax), o_.check,
-           static_cast<long long>(r.wrong),
+           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind, o_.tokens,
+           o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.routing.pattern),
+           zipfS(), dedup.c_str(), balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters,
+           r.name.c_str(), r.plan, r.dispatch, r.combine, r.total, r.totalMin, gbs,
+           static_cast<long long>(r.intra), static_cast<long long>(r.inter),
+           static_cast<long long>(r.interMax), o_.check, static_cast<long long>(r.wrong),
            cudaJson(r, diffs && c != kLimit && (c != kFusco || !o_.fuse)).c_str());
   return buf;
 }

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# package.perf_mps: moe_perf and alltoall_perf's --mps auto|on|off start a private MPS daemon for
+# -np ranks that share a GPU, say so (a line, the header, the JSON's "mps"), and stop it at the end,
+# also when a rank fails.
+# Usage: perf_mps.sh MOE_PERF ALLTOALL_PERF (the built binaries).
+# No GPU is needed: a fake nvidia-cuda-mps-control first on PATH records its calls (-d: the
+# CUDA_MPS_PIPE_DIRECTORY it saw, and it makes "$CUDA_MPS_PIPE_DIRECTORY/control"; `quit` on
+# stdin: recorded, control removed), and FUSCO_PERF_FAKE_DEVICES=1 (the binaries' test hook) makes
+# the decision see one device and CUDA memory while the ranks run on --mem host.
+set -uo pipefail
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY FUSCO_PERF_FAKE_DEVICES FAKE_DEVICES
+MOE=${1:?usage: perf_mps.sh MOE_PERF ALLTOALL_PERF}
+A2A=${2:?usage: perf_mps.sh MOE_PERF ALLTOALL_PERF}
+for b in "$MOE" "$A2A"; do [ -x "$b" ] || { echo "FAIL: no $b"; exit 1; }; done
+T=$(mktemp -d "${TMPDIR:-/tmp}/perf-mps.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+FAILS=0
+fail() {
+  echo "FAIL: $*"
+  FAILS=$((FAILS + 1))
+}
+ok() { echo "ok: $*"; }
+expect() {  # WHAT CMD...: ok when CMD succeeds, else a failure
+  local what=$1
+  shift
+  if "$@"; then ok "$what"; else fail "$what"; fi
+}
+not() { ! "$@"; }
+
+# ---- the fake control program, alone in its PATH folder
+mkdir -p "$T/path" "$T/empty" "$T/nopipe"
+cat >"$T/path/nvidia-cuda-mps-control" <<'EOF'
+#!/bin/sh
+# Fake MPS control (tests/package/perf_mps.sh): records each call in $FAKE_MPS_LOG.
+if [ "$1" = "-d" ]; then
+  echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >>"$FAKE_MPS_LOG"
+  [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && [ -d "$CUDA_MPS_LOG_DIRECTORY" ] || exit 3
+  : >"$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read -r cmd
+echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >>"$FAKE_MPS_LOG"
+[ "$cmd" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+exit 0
+EOF
+chmod +x "$T/path/nvidia-cuda-mps-control"
+export FAKE_MPS_LOG=$T/calls
+
+MOE_ARGS=(-np 2 --tokens 64 --hidden 128 --experts 4 --topk 2 -n 1 -w 0 --mpi-launch off)
+A2A_ARGS=(-np 2 -b 1K -e 4K -n 1 -w 0)
+J=$T/run.json  # each run's -J file (removed before the run)
+# run PATHDIR BIN ARGS...: one run with PATHDIR alone on PATH (the binaries need nothing else);
+# sets RC. Its stdout, stderr and the fake's record are in $T/stdout, $T/stderr, $FAKE_MPS_LOG.
+# The environment's pipe directory is an empty one (a real daemon at /tmp/nvidia-mps plays no
+# part) unless the caller sets CUDA_MPS_PIPE_DIRECTORY.
+run() {
+  local pathdir=$1 bin=$2
+  shift 2
+  rm -f "$J"
+  : >"$FAKE_MPS_LOG"
+  RC=0
+  timeout 60 env PATH="$pathdir" FUSCO_PERF_FAKE_DEVICES="${FAKE_DEVICES:-1}" \
+    CUDA_MPS_PIPE_DIRECTORY="${CUDA_MPS_PIPE_DIRECTORY:-$T/nopipe}" \
+    "$bin" "$@" >"$T/stdout" 2>"$T/stderr" || RC=$?
+}
+exited() {  # CODE: the last run exited CODE (else its output is shown)
+  [ "$RC" = "$1" ] && return 0
+  echo "  exit $RC; stderr: $(cat "$T/stderr")"
+  echo "  stdout: $(cat "$T/stdout")"
+  return 1
+}
+json_mps() {  # MODE: the last run wrote JSON lines, every one with "mps":"MODE"
+  [ -s "$J" ] && not grep -v "\"mps\":\"$1\"" "$J" >/dev/null
+}
+no_json() { [ ! -s "$J" ]; }
+said() { grep -q -- "$1" "$T/stdout"; }         # REGEX: a stdout line matches
+called() { grep -qx -- "$1" "$FAKE_MPS_LOG"; }  # LINE: the fake recorded LINE
+not_called() { [ ! -s "$FAKE_MPS_LOG" ]; }
+private_pipe() { case $1 in /tmp/fusco-mps.*/pipe) return 0 ;; *) return 1 ;; esac; }  # DIR
+calls() { tr '\n' ';' <"$FAKE_MPS_LOG"; }
+err_line() {  # TEXT...: stderr is one line holding each TEXT
+  [ "$(grep -c . "$T/stderr")" = 1 ] || return 1
+  for t in "$@"; do grep -qF -- "$t" "$T/stderr" || return 1; done
+}
+# private NAME [no-header]: the last run started the fake daemon once, in a private folder under
+# /tmp with pipe/ and log/; the ranks saw its pipe directory (rank 0's header; no-header: the
+# ranks failed before it); `quit` went to the same daemon; the folder is gone.
+private() {
+  local pipe folder
+  pipe=$(sed -n 's/^start \([^ ]*\) .*/\1/p' "$FAKE_MPS_LOG")
+  folder=${pipe%/pipe}
+  expect "$1: the fake daemon started once (calls: $(calls))" \
+    [ "$(grep -c '^start ' "$FAKE_MPS_LOG")" = 1 ]
+  expect "$1: in /tmp/fusco-mps.*/ ($folder)" private_pipe "$pipe"
+  expect "$1: the daemon saw the folder's log/" called "start $pipe $folder/log"
+  expect "$1: the stdout line names the folder" said "^MPS: private daemon for this run ($folder, "
+  [ "${2:-}" = no-header ] ||
+    expect "$1: rank 0 saw CUDA_MPS_PIPE_DIRECTORY=$pipe (header)" \
+      said "^# fusco .*, MPS private (pipe $pipe)\$"
+  expect "$1: quit sent to the same daemon" called "quit $pipe"
+  expect "$1: the private folder is gone" not test -e "$folder"
+  if private_pipe "$pipe" && [ -e "$folder" ]; then rm -rf "$folder"; fi  # /tmp stays clean
+}
+
+# ---- 1. --mps on, with the fake: private daemon, started and stopped
+run "$T/path" "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -J "$J"
+expect "moe on: exit 0" exited 0
+private "moe on"
+expect "moe on: JSON mps private" json_mps private
+run "$T/path" "$A2A" --mem host --mps on "${A2A_ARGS[@]}" -J "$J"
+expect "alltoall on: exit 0" exited 0
+private "alltoall on"
+expect "alltoall on: JSON mps private" json_mps private
+
+# ---- 2. --mps auto (the default), with the fake: the same
+run "$T/path" "$MOE" --mem host "${MOE_ARGS[@]}" -J "$J"
+expect "moe auto: exit 0" exited 0
+private "moe auto"
+expect "moe auto: JSON mps private" json_mps private
+
+# ---- 3. --mps off: the fake is never called
+run "$T/path" "$MOE" --mem host --mps off "${MOE_ARGS[@]}" -J "$J"
+expect "moe off: exit 0" exited 0
+expect "moe off: no call to the fake ($(calls))" not_called
+expect "moe off: the line says --mps off" said "^MPS: off (--mps off)"
+expect "moe off: JSON mps off" json_mps off
+run "$T/path" "$A2A" --mem host --mps off "${A2A_ARGS[@]}" -J "$J"
+expect "alltoall off: exit 0" exited 0
+expect "alltoall off: no call to the fake ($(calls))" not_called
+expect "alltoall off: JSON mps off" json_mps off
+
+# ---- 4. no nvidia-cuda-mps-control on PATH: on refuses (exit 2, nothing run), auto time-slices
+run "$T/empty" "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -J "$J"
+expect "moe on, no control program: exit 2" exited 2
+expect "moe on, no control program: one clear line on stderr ($(cat "$T/stderr"))" \
+  err_line "--mps on" "nvidia-cuda-mps-control not found"
+expect "moe on, no control program: no rank ran" no_json
+expect "moe on, no control program: no header" not said "^# fusco"
+run "$T/empty" "$A2A" --mem host --mps on "${A2A_ARGS[@]}" -J "$J"
+expect "alltoall on, no control program: exit 2" exited 2
+expect "alltoall on, no control program: one clear line on stderr" \
+  err_line "--mps on" "nvidia-cuda-mps-control not found"
+run "$T/empty" "$MOE" --mem host --mps auto "${MOE_ARGS[@]}" -J "$J"
+expect "moe auto, no control program: exit 0" exited 0
+expect "moe auto, no control program: JSON mps off" json_mps off
+expect "moe auto, no control program: the line says why" \
+  said "^MPS: off (nvidia-cuda-mps-control not found on PATH), ranks time-slice the GPU"
+
+# ---- 5. auto when the ranks do not share a device (2 ranks, 2 devices): no daemon
+FAKE_DEVICES=2 run "$T/path" "$MOE" --mem host "${MOE_ARGS[@]}" -J "$J"
+expect "moe auto, 2 ranks on 2 devices: exit 0" exited 0
+expect "moe auto, 2 ranks on 2 devices: no call to the fake ($(calls))" not_called
+expect "moe auto, 2 ranks on 2 devices: JSON mps off" json_mps off
+
+# ---- 6. a daemon already serves the environment: auto (and on) use it, start none, stop none
+mkdir -p "$T/ext"
+: >"$T/ext/control"
+CUDA_MPS_PIPE_DIRECTORY=$T/ext run "$T/path" "$MOE" --mem host "${MOE_ARGS[@]}" -J "$J"
+expect "moe external: exit 0" exited 0
+expect "moe external: no call to the fake ($(calls))" not_called
+expect "moe external: the line says already running" said "^MPS: already running ($T/ext)"
+expect "moe external: the header names its pipe" said "^# fusco .*, MPS external (pipe $T/ext)\$"
+expect "moe external: JSON mps external" json_mps external
+expect "moe external: its control file is left alone" test -e "$T/ext/control"
+CUDA_MPS_PIPE_DIRECTORY=$T/ext run "$T/path" "$A2A" --mem host --mps on "${A2A_ARGS[@]}" -J "$J"
+expect "alltoall external (on): exit 0" exited 0
+expect "alltoall external (on): no call to the fake ($(calls))" not_called
+expect "alltoall external (on): JSON mps external" json_mps external
+
+# ---- 7. the ranks fail (rank 0 cannot open its -J file): the daemon is stopped all the same
+run "$T/path" "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -J "$T/no/such/dir/x.json"
+expect "moe, failing ranks: exit 1" exited 1
+private "moe, failing ranks" no-header
+run "$T/path" "$A2A" --mem host --mps on "${A2A_ARGS[@]}" -J "$T/no/such/dir/x.json"
+expect "alltoall, failing ranks: exit 1" exited 1
+private "alltoall, failing ranks" no-header
+
+# ---- 8. a daemon that does not start: on refuses (exit 2), auto time-slices; no folder is left
+mkdir -p "$T/badpath"
+cat >"$T/badpath/nvidia-cuda-mps-control" <<'FAKE'
+#!/bin/sh
+echo "start $CUDA_MPS_PIPE_DIRECTORY" >>"$FAKE_MPS_LOG"
+echo "fake: no GPU" >&2
+exit 1
+FAKE
+chmod +x "$T/badpath/nvidia-cuda-mps-control"
+run "$T/badpath" "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -J "$J"
+expect "moe on, daemon fails: exit 2" exited 2
+expect "moe on, daemon fails: one line with its words ($(cat "$T/stderr"))" \
+  err_line "--mps on" "-d exited with status 1" "fake: no GPU"
+expect "moe on, daemon fails: no rank ran" no_json
+bad_pipe=$(sed -n 's/^start //p' "$FAKE_MPS_LOG")
+expect "moe on, daemon fails: tried in /tmp/fusco-mps.*/" private_pipe "$bad_pipe"
+expect "moe on, daemon fails: its folder is gone" not test -e "${bad_pipe%/pipe}"
+run "$T/badpath" "$MOE" --mem host --mps auto "${MOE_ARGS[@]}" -J "$J"
+expect "moe auto, daemon fails: exit 0" exited 0
+expect "moe auto, daemon fails: JSON mps off" json_mps off
+expect "moe auto, daemon fails: the line says why" \
+  said "^MPS: off (.*exited with status 1.*), ranks time-slice the GPU"
+
+# ---- 9. the run is interrupted (SIGINT to its process group, as Ctrl-C does): the parent stops
+# the daemon before it goes, and exits 128 + 2
+: >"$FAKE_MPS_LOG"
+RC=0
+timeout -s INT --preserve-status 3 env PATH="$T/path" FUSCO_PERF_FAKE_DEVICES=1 \
+  CUDA_MPS_PIPE_DIRECTORY="$T/nopipe" "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -n 200000 -c 0 \
+  >"$T/stdout" 2>"$T/stderr" || RC=$?
+expect "moe interrupted: exit 130" exited 130
+private "moe interrupted"
+
+# ---- 10. a bad value is refused
+run "$T/path" "$MOE" --mps maybe "${MOE_ARGS[@]}"
+expect "moe --mps maybe: exit 2" exited 2
+run "$T/path" "$A2A" --mps maybe "${A2A_ARGS[@]}"
+expect "alltoall --mps maybe: exit 2" exited 2
+
+if [ "$FAILS" -gt 0 ]; then
+  echo "perf_mps: $FAILS check(s) failed"
+  exit 1
+fi
+echo "perf_mps: every check passed"
