@@ -172,6 +172,27 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The 99th percentile (nearest rank: the smallest sample no fewer than 99% of them reach).
+double p99(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = (v.size() * 99 + 99) / 100;  // ceil(0.99 n)
+  return v[rank - 1];
+}
+
+// One size's time per call, each call waited for: the slowest rank's median and p99.
+struct Latency {
+  double median = 0, p99 = 0;
+};
+
+// One line of the table.
+struct Row {
+  size_t bytes = 0, count = 0;
+  double us = 0, algbw = 0, busbw = 0, hostUs = 0;
+  Latency lat;
+  int64_t wrong = 0;
+};
+
 inline void storeBits(char* p, size_t bytes, uint64_t v) { memcpy(p, &v, bytes); }
 inline bool sameBits(const char* p, size_t bytes, uint64_t v) { return memcmp(p, &v, bytes) == 0; }
 
@@ -195,12 +216,14 @@ class Rank {
   bool maxOverRanks(double mine, double* out);
   bool sumOverRanks(int64_t mine, int64_t* out);
   bool allToAll(size_t count, double* hostUs);
-  bool runSize(size_t count, double* usPerIter, double* hostUs, int64_t* wrong);
+  bool timeCalls(size_t count, std::vector<double>* us);
+  bool latencyOverRanks(const std::vector<double>& us, Latency* lat);
+  bool runSize(size_t count, double* usPerIter, double* hostUs, Latency* lat, int64_t* wrong);
   void fill(size_t count, uint64_t seed);
   int64_t verify(size_t count, uint64_t seed) const;
   void printHeader(const std::vector<std::string>& info) const;
-  void printRow(size_t bytes, size_t count, double us, double algbw, double busbw, int64_t wrong,
-                double hostUs);
+  void printRow(const Row& r);
+  void jsonRow(const Row& r);
   std::string cudaJson(double hostUs) const;
 
   const Options& o_;
@@ -373,13 +396,17 @@ void Rank::printHeader(const std::vector<std::string>& info) const {
         "# host = host wall time of one fuscoAllToAll call alone (it returns once enqueued): "
         "median over the timed calls, slowest rank\n",
         cuda_.gpuName.c_str(), cuda_.device, cuda_.deviceCount);
+  printf(
+      "# median, p99 = time of one call waited for (%s), over the timed iterations, slowest "
+      "rank\n",
+      cuda() ? "a second series, call and cudaStreamSynchronize one at a time" : "the calls");
   printf("#\n# Ranks\n");
   for (const std::string& s : info) printf("#  %s\n", s.c_str());
   printf("#\n");
-  printf("# %10s %12s %9s %11s %11s %11s %8s%s\n", "size", "count", "type", "time", "algbw",
-         "busbw", "#wrong", cuda() ? "        host" : "");
-  printf("# %10s %12s %9s %11s %11s %11s %8s%s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
-         "(GB/s)", "", cuda() ? "        (us)" : "");
+  printf("# %10s %12s %9s %11s %11s %11s %8s %11s %11s%s\n", "size", "count", "type", "time",
+         "algbw", "busbw", "#wrong", "median", "p99", cuda() ? "        host" : "");
+  printf("# %10s %12s %9s %11s %11s %11s %8s %11s %11s%s\n", "(B)", "(elements)", "", "(us)",
+         "(GB/s)", "(GB/s)", "", "(us)", "(us)", cuda() ? "        (us)" : "");
   fflush(stdout);
 }
 
@@ -422,11 +449,34 @@ bool Rank::allToAll(size_t count, double* hostUs) {
   return dataOk(r);
 }
 
+// `iters` calls, each waited for (--mem cuda: its stream synchronized) before the next; *us: the
+// time of each.
+bool Rank::timeCalls(size_t count, std::vector<double>* us) {
+  std::string err;
+  us->assign(o_.iters, 0);
+  for (int i = 0; i < o_.iters; ++i) {
+    double host = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!allToAll(count, &host)) return false;
+    if (cuda() && !cudaOk(fusco::perf::cudaSyncStream(stream_, "a call", &err), err.c_str()))
+      return false;
+    (*us)[i] =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return true;
+}
+
+bool Rank::latencyOverRanks(const std::vector<double>& us, Latency* lat) {
+  return maxOverRanks(median(us), &lat->median) && maxOverRanks(p99(us), &lat->p99);
+}
+
 // Times one size: warmup, a barrier, iters timed calls; then (with -c 1) one checked call into a
-// poisoned receive buffer. --mem cuda: the warmup is waited for before the barrier, the timed
+// poisoned receive buffer. Host mode: each call returns with its data in place, so the timed
+// calls also give the latency. --mem cuda: the warmup is waited for before the barrier, the timed
 // calls are enqueued back to back and the clock stops when the stream is done; *hostUs is the
-// slowest rank's median host time per call (host mode: 0, not gathered).
-bool Rank::runSize(size_t count, double* usPerIter, double* hostUs, int64_t* wrong) {
+// slowest rank's median host time per call; then a second series of iters calls, each waited
+// for, gives the latency.
+bool Rank::runSize(size_t count, double* usPerIter, double* hostUs, Latency* lat, int64_t* wrong) {
   const uint64_t seed = 0x5eedf05c0ULL ^ (count * 0x100000001b3ULL);
   const size_t bytes = count * o_.type->bytes * l_.nranks;
   std::string err;
@@ -453,6 +503,9 @@ bool Rank::runSize(size_t count, double* usPerIter, double* hostUs, int64_t* wro
   if (!maxOverRanks(us / o_.iters, usPerIter)) return false;
   *hostUs = 0;
   if (cuda() && !maxOverRanks(median(host), hostUs)) return false;
+  std::vector<double> each = host;
+  if (cuda() && (!barrier() || !timeCalls(count, &each))) return false;
+  if (!latencyOverRanks(each, lat)) return false;
   *wrong = 0;
   if (!o_.check) return true;
   if (!cuda())
@@ -472,32 +525,34 @@ std::string Rank::cudaJson(double hostUs) const {
   return ",\"mem\":\"cuda\",\"gpu\":\"" + cuda_.gpuName + "\"" + buf;
 }
 
-void Rank::printRow(size_t bytes, size_t count, double us, double algbw, double busbw,
-                    int64_t wrong, double hostUs) {
+void Rank::printRow(const Row& r) {
   char wrongText[32] = "N/A", hostText[32] = "";
-  if (o_.check) snprintf(wrongText, sizeof(wrongText), "%" PRId64, wrong);
-  if (cuda()) snprintf(hostText, sizeof(hostText), " %11.2f", hostUs);
-  printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %8s%s\n", bytes, count, o_.type->name, us, algbw,
-         busbw, wrongText, hostText);
+  if (o_.check) snprintf(wrongText, sizeof(wrongText), "%" PRId64, r.wrong);
+  if (cuda()) snprintf(hostText, sizeof(hostText), " %11.2f", r.hostUs);
+  printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %8s %11.2f %11.2f%s\n", r.bytes, r.count,
+         o_.type->name, r.us, r.algbw, r.busbw, wrongText, r.lat.median, r.lat.p99, hostText);
   fflush(stdout);
-  if (json_ != nullptr) {
-    fprintf(json_,
-            "{\"bench\":\"alltoall_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
-            "\"mps\":\"%s\","
-            "\"type\":\"%s\",\"buffers\":\"%s\",\"size\":%zu,\"count\":%zu,\"iters\":%d,"
-            "\"warmup\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
-            "\"wrong\":%" PRId64 ",\"checked\":%d%s}\n",
-            static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind,
-            o_.type->name,
-            cuda()     ? (o_.arena == 1   ? "arena"
-                          : o_.arena == 2 ? "registered"
-                                          : "cudaMalloc")
-            : o_.arena ? "arena"
-                       : "malloc",
-            bytes, count, o_.iters, o_.warmup, us, algbw, busbw, wrong, o_.check,
-            cudaJson(hostUs).c_str());
-    fflush(json_);
-  }
+  if (json_ != nullptr) jsonRow(r);
+}
+
+void Rank::jsonRow(const Row& r) {
+  fprintf(json_,
+          "{\"bench\":\"alltoall_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
+          "\"mps\":\"%s\","
+          "\"type\":\"%s\",\"buffers\":\"%s\",\"size\":%zu,\"count\":%zu,\"iters\":%d,"
+          "\"warmup\":%d,\"time_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f,"
+          "\"median_us\":%.3f,\"p99_us\":%.3f,"
+          "\"wrong\":%" PRId64 ",\"checked\":%d%s}\n",
+          static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind,
+          o_.type->name,
+          cuda()     ? (o_.arena == 1   ? "arena"
+                        : o_.arena == 2 ? "registered"
+                                        : "cudaMalloc")
+          : o_.arena ? "arena"
+                     : "malloc",
+          r.bytes, r.count, o_.iters, o_.warmup, r.us, r.algbw, r.busbw, r.lat.median, r.lat.p99,
+          r.wrong, o_.check, cudaJson(r.hostUs).c_str());
+  fflush(json_);
 }
 
 int Rank::run() {
@@ -526,16 +581,16 @@ int Rank::run() {
       continue;
     }
     lastCount = count;
-    double us = 0, hostUs = 0;
-    int64_t wrong = 0;
-    if (!runSize(count, &us, &hostUs, &wrong)) return 1;
-    const size_t bytes = count * unit;
-    const double algbw = us > 0 ? bytes / us / 1e3 : 0;  // bytes/us/1e3 = GB/s
-    const double busbw = algbw * (l_.nranks - 1) / l_.nranks;
-    totalWrong += wrong;
-    busbwSum += busbw;
+    Row r;
+    r.count = count;
+    if (!runSize(count, &r.us, &r.hostUs, &r.lat, &r.wrong)) return 1;
+    r.bytes = count * unit;
+    r.algbw = r.us > 0 ? r.bytes / r.us / 1e3 : 0;  // bytes/us/1e3 = GB/s
+    r.busbw = r.algbw * (l_.nranks - 1) / l_.nranks;
+    totalWrong += r.wrong;
+    busbwSum += r.busbw;
     ++rows;
-    if (l_.rank == 0) printRow(bytes, count, us, algbw, busbw, wrong, hostUs);
+    if (l_.rank == 0) printRow(r);
     if (last) break;
   }
   if (l_.rank == 0) {
