@@ -183,6 +183,7 @@ bool cudaRankInit(fuscoComm_t control, int rank, int nranks, CudaRank* out, std:
   fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
   cfg.memType = fuscoMemCuda;
   cfg.cudaDevice = out->device;
+  cfg.maxSms = out->maxSms;
   fuscoResult_t r = fuscoCommInitRankConfig(&out->comm, nranks, recv[0].id, rank, &cfg);
   if (r != fuscoSuccess) {
     out->comm = nullptr;

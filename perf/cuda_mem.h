@@ -53,6 +53,7 @@ struct CudaRank {
   std::string gpuName;         // cudaGetDeviceProperties(device).name
   void* stream = nullptr;      // cudaStream_t, non-blocking
   fuscoComm_t comm = nullptr;  // the fuscoMemCuda data comm
+  int maxSms = 0;              // set before cudaRankInit: the data comm's SM budget (0: all)
   CudaRank() = default;
   CudaRank(const CudaRank&) = delete;
   CudaRank& operator=(const CudaRank&) = delete;

@@ -161,6 +161,7 @@ CudaMoeImpl::~CudaMoeImpl() {
 }
 
 bool CudaMoeImpl::init(fuscoComm_t control) {
+  cuda_.maxSms = s_.maxSms;
   if (!cudaRankInit(control, s_.rank, s_.nranks, &cuda_, &err_)) return false;
   bufs_.reset(new DeviceBuffers(cuda_.comm, s_.buffers));
   ex_.reset(new DeviceExchange(cuda_.comm, stream(), s_.nranks));

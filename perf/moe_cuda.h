@@ -39,6 +39,7 @@ struct CudaMoeShape {
   fuscoDataType_t dtype = fuscoBfloat16;
   BufferKind buffers = BufferKind::Arena;
   fuscoMoeConfig_t moe = FUSCO_MOE_CONFIG_INITIALIZER;  // numExperts in contiguous blocks
+  int maxSms = 0;  // the data comm's SM budget (fuscoConfig_t.maxSms; 0: all)
 };
 
 // What one run of a contender records (moe_perf's t[kRunTimes]): plan, dispatch and combine ms,

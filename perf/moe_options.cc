@@ -97,6 +97,9 @@ void usage(const char* prog) {
       "                      on: the same, and no daemon is an error; off: time-sliced) (auto)\n"
       "                      test hook: FUSCO_PERF_FAKE_DEVICES=N decides as if N devices and\n"
       "                      CUDA memory (the ranks keep --mem)\n"
+      "  --sms N             with --mem cuda: the SM budget of fusco's kernels on each rank\n"
+      "                      (fuscoConfig_t.maxSms; 0: all, or the rank's part of a shared GPU)\n"
+      "                      (0); the copy limit is not capped; not with --ll\n"
       "  --mpi-launch M      auto | off: with -np N re-launch under mpirun for the mpi contender\n"
       "  -np N               fork N local ranks (else mpirun / srun / torchrun, else 1 rank)\n"
       "  -J FILE             append one JSON line per contender to FILE (rank 0)\n"
@@ -161,6 +164,7 @@ bool parseOption(const std::string& a, const char* v, MoeOptions* o, bool* known
   if (a == "-a") return parseInt(v, &o->arena) && o->arena >= 0 && o->arena <= 2;
   if (a == "--mem") return parseMemMode(v, &o->mem);
   if (a == "--mps") return parseMpsMode(v, &o->mps);
+  if (a == "--sms") return parseInt(v, &o->sms) && o->sms >= 0;
   if (a == "-np") return parseInt(v, &o->launch.np) && o->launch.np >= 1;
   if (a == "-J") return (o->jsonPath = v), true;
   if (parseRoutingFlag(a, v, &o->routing, known)) return true;
@@ -197,6 +201,7 @@ bool lowLatencyOptions(const char* prog, MoeOptions* o) {
   const char* why = o->dtype != fuscoBfloat16 ? "--dtype: the low-latency path moves bf16"
                     : !o->fuse                ? "--fuse off: the normal row is fused"
                     : !unset("--contenders")  ? "--contenders: its rows are fixed"
+                    : !unset("--sms")         ? "--sms: the SM budget is timed on the normal path"
                     : moeVariants(o->dedups, o->balances).size() > 1
                         ? "a --dedup / --balance list: it times one normal row"
                         : nullptr;

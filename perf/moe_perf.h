@@ -60,6 +60,7 @@ struct MoeOptions {
   int arena = 1;    // host: 1 fuscoMemAlloc, 0 malloc; cuda: BufferKind (0, 1, 2)
   MemMode mem = MemMode::Host;
   MpsMode mps = MpsMode::Auto;  // --mps: a private MPS daemon for -np ranks sharing a GPU
+  int sms = 0;                  // --sms: the CUDA data comm's SM budget (fuscoConfig_t.maxSms)
   const char* mpsKind = "off";  // what the run got (MpsRun::kind), for the header and JSON
   bool contenders[kNumContenders] = {true, true, true, true};
   bool mpiLaunch = true;  // --mpi-launch auto: re-launch -np N under mpirun for the mpi contender

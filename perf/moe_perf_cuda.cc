@@ -34,6 +34,7 @@ bool Bench::setupCuda() {
   s.tokens = o_.tokens, s.hidden = o_.hidden, s.rowBytes = rowBytes_, s.dtype = o_.dtype;
   s.buffers = static_cast<BufferKind>(o_.arena);
   s.moe = moeConfig(o_, o_.variants.front());
+  s.maxSms = o_.sms;
   gpu_ = makeCudaMoe(s);
   if (!gpu_) {
     fprintf(stderr, "# rank %d: --mem cuda: this build has no CUDA support\n", l_.rank);

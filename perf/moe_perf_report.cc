@@ -39,8 +39,9 @@ void Bench::printHeader(const std::vector<int64_t>& rows) const {
     printf(
         "# memory: cuda (device buffers, stream-ordered calls; each phase timed from a barrier "
         "to cudaStreamSynchronize); GPU: %s (rank 0: device %d of %d; a rank uses local rank "
-        "%% device count)\n",
-        gpu_->cuda().gpuName.c_str(), gpu_->cuda().device, gpu_->cuda().deviceCount);
+        "%% device count); SM budget %s\n",
+        gpu_->cuda().gpuName.c_str(), gpu_->cuda().device, gpu_->cuda().deviceCount,
+        o_.sms > 0 ? (std::to_string(o_.sms) + " per rank (--sms)").c_str() : "none (--sms 0)");
   printf(
       "# shape: tokens/rank %zu hidden %zu dtype %s (row %zu B) topk %d experts %d (%d per rank) "
       "pattern %s (zipf s %.2f, imb-ratio %.1f) seed %llu\n",
@@ -230,7 +231,7 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
   char buf[2048];
   snprintf(buf, sizeof(buf),
            "{\"bench\":\"moe_perf\",\"time\":%lld,\"nranks\":%d,\"launch\":\"%s\","
-           "\"mps\":\"%s\","
+           "\"mps\":\"%s\",\"sms\":%d,"
            "\"tokens\":%zu,\"hidden\":%zu,\"dtype\":\"%s\",\"topk\":%d,\"experts\":%d,"
            "\"pattern\":\"%s\",\"zipf_s\":%.3f,\"dedup\":\"%s\",\"balance\":\"%s\",\"fuse\":%d,"
            "\"replan\":%d,"
@@ -238,11 +239,11 @@ std::string Bench::jsonLine(const Result& r, double gbs, bool diffs) const {
            "\"combine_ms\":%.3f,\"total_ms\":%.3f,\"total_min_ms\":%.3f,\"logical_gbs\":%.4f,"
            "\"intra_bytes\":%lld,\"inter_bytes\":%lld,\"inter_bytes_max_rank\":%lld,\"checked\":%d,"
            "\"wrong\":%lld%s}\n",
-           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind, o_.tokens,
-           o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts, patternName(o_.routing.pattern),
-           zipfS(), dedup.c_str(), balance.c_str(), o_.fuse, o_.replan, o_.arena, o_.iters,
-           r.name.c_str(), r.plan, r.dispatch, r.combine, r.total, r.totalMin, gbs,
-           static_cast<long long>(r.intra), static_cast<long long>(r.inter),
+           static_cast<long long>(time(nullptr)), l_.nranks, l_.mode.c_str(), o_.mpsKind, o_.sms,
+           o_.tokens, o_.hidden, dtypeName(o_.dtype), o_.topk, o_.experts,
+           patternName(o_.routing.pattern), zipfS(), dedup.c_str(), balance.c_str(), o_.fuse,
+           o_.replan, o_.arena, o_.iters, r.name.c_str(), r.plan, r.dispatch, r.combine, r.total,
+           r.totalMin, gbs, static_cast<long long>(r.intra), static_cast<long long>(r.inter),
            static_cast<long long>(r.interMax), o_.check, static_cast<long long>(r.wrong),
            cudaJson(r, diffs && c != kLimit && (c != kFusco || !o_.fuse)).c_str());
   return buf;
