@@ -69,6 +69,7 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
   w.pod(h.call);
   w.pod(h.seq);
   w.pod(h.status);
+  w.pod(h.onStream);
   putVec(w, h.sendBytes);
   putVec(w, h.recvBytes);
   putVec(w, h.recvTokens);
@@ -81,8 +82,8 @@ bool encodeHeader(const PairHeader& h, void* buf, size_t cap, size_t* len) {
 }
 
 size_t encodedHeaderBytes(const PairHeader& h) {
-  const size_t fixed =
-      sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.call) + sizeof(h.seq) + sizeof(h.status);
+  const size_t fixed = sizeof(kHeaderMagic) + sizeof(uint32_t) + sizeof(h.call) + sizeof(h.seq) +
+                       sizeof(h.status) + sizeof(h.onStream);
   size_t bytes = fixed;
   for (const std::vector<uint64_t>* v : {&h.sendBytes, &h.recvBytes, &h.recvTokens, &h.recvExtents,
                                          &h.sendTokens, &h.sendExtents, &h.agree})
@@ -97,6 +98,7 @@ bool decodeHeader(const void* buf, size_t len, PairHeader* h) {
   h->call = r.pod<uint64_t>();
   h->seq = r.pod<uint64_t>();
   h->status = r.pod<int32_t>();
+  h->onStream = r.pod<uint32_t>();
   size_t maxCount = len / sizeof(uint64_t);
   return getVec(r, &h->sendBytes, maxCount) && getVec(r, &h->recvBytes, maxCount) &&
          getVec(r, &h->recvTokens, maxCount) && getVec(r, &h->recvExtents, maxCount) &&

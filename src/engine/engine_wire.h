@@ -25,9 +25,10 @@ constexpr uint64_t kLayoutSharedBit = 1ull << 63;
 
 struct PairHeader {
   OpKind kind = OpKind::Group;
-  uint64_t call = 0;                  // the sender's collective call number (Communicator::callSeq)
-  uint64_t seq = 0;                   // the pair's operation number (Communicator::nextPairSeq)
-  int32_t status = 0;                 // sender's own argument status
+  uint64_t call = 0;      // the sender's collective call number (Communicator::callSeq)
+  uint64_t seq = 0;       // the pair's operation number (Communicator::nextPairSeq)
+  int32_t status = 0;     // sender's own argument status
+  uint32_t onStream = 0;  // 1: the sender enqueues the operation on its stream, 0: host data
   std::vector<uint64_t> sendBytes;    // what the sender of the header sends to the receiver
   std::vector<uint64_t> recvBytes;    // what it expects from the receiver
   std::vector<uint64_t> recvTokens;   // per expected message: direct-write token or kStagedToken

@@ -18,6 +18,7 @@ void OpRunner::buildHeaders() {
     h.call = op_.call;
     h.seq = c_.nextPairSeq(p);
     h.status = op_.argStatus;
+    h.onStream = onDevice() ? 1 : 0;
     if (op_.firstInCall)
       for (const AgreeValue& v : op_.agree) h.agree.push_back(v.value);
     for (const auto& s : op_.peers[p].sends) h.sendBytes.push_back(s.bytes());
@@ -61,6 +62,7 @@ void OpRunner::buildHeaders() {
     bad.call = h.call;
     bad.seq = h.seq;
     bad.status = op_.argStatus;
+    bad.onStream = h.onStream;
     h = std::move(bad);
   }
 }
@@ -130,6 +132,17 @@ fuscoResult_t OpRunner::headerRound() {
 
 namespace {
 
+// Why a pair cannot run one operation whose sides run it in different places (theirsOnStream: the
+// peer enqueues it on its stream).
+std::string streamMismatch(int p, bool theirsOnStream) {
+  const char* stream = "enqueues it on its stream";
+  const char* host = "runs it with host data";
+  return "how the operation runs differs between ranks: rank " + std::to_string(p) + " " +
+         (theirsOnStream ? stream : host) + ", this rank " + (theirsOnStream ? host : stream) +
+         " (the ranks made different calls, or a MoE plan's planner or capacity mode differs "
+         "between them)";
+}
+
 // The first message whose sender and receiver disagree, naming both ranks: "rank 3 sends 400
 // bytes to rank 5, which expects 384 (message 0)".
 std::string countDisagreement(const PairHeader& m, const PairHeader& t, int me, int p) {
@@ -181,6 +194,10 @@ void OpRunner::checkPairs() {
     if (!pairInStep(m, t, p, &why)) {
       state_[p] = PairState::Skew;
       pairMsg_[p] = why;
+    } else if (t.onStream != m.onStream) {
+      // A stream's waits for the pair's flags would wait for a peer that raises none.
+      state_[p] = PairState::Skew;
+      pairMsg_[p] = streamMismatch(p, t.onStream != 0);
     } else if (t.kind != m.kind) {
       state_[p] = PairState::Mismatch;
       pairMsg_[p] = "rank " + std::to_string(p) + " is in a different call (call #" +
