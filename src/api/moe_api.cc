@@ -113,6 +113,13 @@ bool fusco::moeHandleStorage(fuscoMoeHandle_t handle, std::vector<ListStorage>* 
   return true;
 }
 
+bool fusco::moeHandlePlanRounds(fuscoMoeHandle_t handle, MoeHandle::PlanRounds* out) {
+  const fuscoMoeHandle* h = objectOf<fuscoMoeHandle>(LiveKind::MoeHandle, handle);
+  if (h == nullptr || !h->impl.bySteps) return false;
+  *out = h->impl.steps.rounds;
+  return true;
+}
+
 extern "C" {
 
 fuscoResult_t fuscoMoePlan(fuscoMoeHandle_t* handle, fuscoComm_t comm,

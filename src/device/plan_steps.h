@@ -25,6 +25,9 @@ namespace fusco {
 namespace gplan {
 
 constexpr unsigned long long kNoBadSlot = ~0ull;
+// The rows word of a count message whose source's routing is invalid (a bad slot): every receiver
+// learns it with the counts, so every rank fails the plan without a round of its own.
+constexpr uint32_t kBadRouting = ~0u;
 // RecvArgs::errors bits.
 constexpr uint32_t kErrLocalRange = 1;  // a source named a local expert outside [0, numLocal)
 constexpr uint32_t kErrOverflow = 2;    // more entries than the receive side was sized for
@@ -184,14 +187,15 @@ struct WriteToken {
   }
 };
 
-// Rank r: the closing kStart entry of its list (its slot count) and its count message's header.
+// Rank r: the closing kStart entry of its list (its slot count) and its count message's header
+// (rows kBadRouting when the routing has a bad slot).
 struct CloseRank {
   SendArgs a;
   FUSCO_HD void operator()(uint64_t r) const {
     const uint32_t rows = a.rowOff[r + 1] - a.rowOff[r];
     const uint32_t slots = a.slotOff[r + 1] - a.slotOff[r];
     if (a.countsMsg != nullptr) {
-      a.countsMsg[a.msgOff[r]] = rows;
+      a.countsMsg[a.msgOff[r]] = *a.badSlot != kNoBadSlot ? kBadRouting : rows;
       a.countsMsg[a.msgOff[r] + 1] = slots;
     }
     if (*a.badSlot != kNoBadSlot) return;

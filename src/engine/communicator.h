@@ -178,11 +178,16 @@ class Communicator {
   void agreeInCall(std::vector<AgreeValue> values) { callAgree_ = std::move(values); }
   const std::vector<AgreeValue>& callAgreement() const { return callAgree_; }
   size_t opsInCall() const { return callOps_; }
-  // The engine, after each operation: agreedFailure when it failed validation on every rank alike.
-  void endOp(bool agreedFailure) {
+  // The engine, after each operation: agreedFailure when it failed validation on every rank alike;
+  // hostRound when the caller's thread waited for it (host data, or a comm without streams).
+  void endOp(bool agreedFailure, bool hostRound) {
     ++callOps_;
     callAgreedFailure_ = agreedFailure;
+    hostRounds_ += hostRound ? 1 : 0;
   }
+  // Operations so far that the calling thread exchanged with the peers and waited for (host
+  // rounds), as opposed to operations enqueued on a stream. Caller's thread only.
+  uint64_t hostRounds() const { return hostRounds_; }
 
   // The CUDA path (fuscoMemCuda). device(): the CUDA device of this comm (-1 for host comms).
   int device() const { return device_; }
@@ -261,6 +266,7 @@ class Communicator {
   std::vector<uint64_t> pairSeq_;
   uint64_t callSeq_ = 0;
   uint64_t callSerial_ = 0;
+  uint64_t hostRounds_ = 0;
   bool callOpen_ = false, callAgreedFailure_ = false;
   size_t callOps_ = 0;
   std::vector<AgreeValue> callAgree_;

@@ -310,7 +310,7 @@ fuscoResult_t runOp(Communicator& comm, Op& op) {
   } else {
     r = runOpNow(comm, op, &agreed);
   }
-  comm.endOp(r != fuscoSuccess && agreed);
+  comm.endOp(r != fuscoSuccess && agreed, progress == nullptr || op.hostData);
   return r;
 }
 

@@ -125,7 +125,13 @@ struct MoeHandle {
   size_t capacity = 0;
   enum : int { kPlanPending = 0, kPlanReady = 1, kPlanFailed = 2 };
   std::atomic<int> planState{kPlanPending};
+  // What the last plan by the steps cost the host (api/moe_inspect.h): exchanges of host data
+  // with the peers (Communicator::hostRounds) and read-backs that wait for the stream.
+  struct PlanRounds {
+    uint64_t hostRounds = 0, readBacks = 0;
+  };
   struct Steps {
+    PlanRounds rounds;
     LayerPlan plan, staged;
     std::vector<char> hostMem;
     // A host comm's receive lists; a capacity plan sizes them for recvCapacity rows.

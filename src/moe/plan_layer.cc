@@ -1,19 +1,23 @@
 // fuscoMoePlan by the planner's steps (docs/DESIGN.md, "Planning on the GPU"): on a CUDA comm the
 // kernels plan from topkIdx where it lies, and the ranks exchange counts, bases and fan lists
-// through device operations; the host reads one summary back (the plan's one synchronization).
-// On a host comm the same protocol runs with the steps' host twin (FUSCO_PLAN=steps), which is how
-// it is checked by the multi-process suites without a GPU. The lists equal the host planner's.
+// through device operations; the host reads one summary back (the plan's one synchronization, and
+// its only host round). On a host comm the same protocol runs with the steps' host twin
+// (FUSCO_PLAN=steps), which is how it is checked by the multi-process suites without a GPU. The
+// lists equal the host planner's.
 //
-//   1. a host round: every rank's argument checks and the call's agreement;
-//   2. send steps: this rank's lists, and per destination rank its rows, slots and slots per local
-//      expert (the count message);
-//   3. operation: count messages to every rank;
-//   4. layout steps: block sizes, starts and padding, and where each source's rows of each expert
+//   1. send steps: this rank's lists, and per destination rank its rows (kBadRouting when the
+//      routing has a bad slot), slots and slots per local expert (the count message);
+//   2. operation: count messages to every rank. It carries every rank's argument checks and the
+//      call's agreement: a failure there fails it on every rank, and later operations of the call
+//      are skipped;
+//   3. layout steps: block sizes, starts and padding, and where each source's rows of each expert
 //      begin (the bases);
-//   5. operation: bases back to every source;
-//   6. fan steps: where each of this rank's slots lands at its destination, and combine's terms;
-//   7. the summary read back (sizes, a bad slot), then a host round: the routing's verdict;
-//   8. operation: each destination gets the source's kStart and fan rows (its receive lists).
+//   4. operation: bases back to every source;
+//   5. fan steps: where each of this rank's slots lands at its destination, and combine's terms;
+//   6. the summary read back: sizes, this rank's bad slot, every source's bad routing, and (once
+//      the stream passed them) whether the operations above failed;
+//   7. operation: each destination gets the source's kStart and fan rows (its receive lists); it
+//      carries what the summary refused on one rank only (its receive side's limits).
 #include "moe/plan_layer.h"
 
 #include <algorithm>
@@ -45,10 +49,10 @@ class LayerRun {
   LayerRun(MoeHandle& h, void* stream)
       : h_(h), c_(*h.comm), s_(stream), dev_(c_.memType() == fuscoMemCuda), n_(c_.nranks()) {}
   void prepare(const int64_t* topkIdx, ArgCheck* a);
-  fuscoResult_t counts();
+  fuscoResult_t counts(ArgCheck a);
   fuscoResult_t basesAndFan();
-  void readSummary(ArgCheck* b);
-  fuscoResult_t exchangeFanLists();
+  fuscoResult_t readSummary(ArgCheck* b);
+  fuscoResult_t exchangeFanLists(const ArgCheck& b);
   fuscoResult_t lateFanLists();
   void finish();
 
@@ -65,6 +69,7 @@ class LayerRun {
                    LateSizes late = nullptr, std::function<void(bool)> after = nullptr,
                    size_t lateRecvBound = 0);
   void badSlotMessage(ArgCheck* b);
+  fuscoResult_t callVerdict();
 
   MoeHandle& h_;
   Communicator& c_;
@@ -231,21 +236,23 @@ fuscoResult_t LayerRun::op(const char* name, const ArgCheck& a, const std::vecto
                   std::move(after), lateRecvBound, lateRecvBound);
 }
 
-// Steps 2-3: the send side and the count messages (every rank's checks passed).
-fuscoResult_t LayerRun::counts() {
+// Steps 1-2: the send side and the count messages. The operation carries this rank's checks (a)
+// and the call's agreement, and is the call's verdict on every rank: a rank whose checks failed
+// still joins it, with no data.
+fuscoResult_t LayerRun::counts(ArgCheck a) {
   const uint32_t mine = d_.numLocal;
-  FUSCO_CHECK(run(sendOnDevice, sendOnHost));
+  if (a.ok()) joinFailure(run(sendOnDevice, sendOnHost), &a);
   std::vector<PeerWork> w(n_);
-  for (int r = 0; r < n_; ++r) {
+  for (int r = 0; r < n_ && a.ok(); ++r) {
     w[r].sends.push_back(
         RowStream::flat(p_.send.countsMsg + st_.msgOff[r], (localOf(r) + 2) * sizeof(uint32_t)));
     w[r].recvs.push_back(
         RowStream::flat(p_.layout.countsIn + r * (mine + 2ull), (mine + 2) * sizeof(uint32_t)));
   }
-  return op(h_.names->counts, ArgCheck(), w, true);
+  return op(h_.names->counts, a, w, false);
 }
 
-// Steps 4-6: the layout, the bases back to the sources, their fan rows and combine's terms.
+// Steps 3-5: the layout, the bases back to the sources, their fan rows and combine's terms.
 fuscoResult_t LayerRun::basesAndFan() {
   const uint32_t mine = d_.numLocal;
   FUSCO_CHECK(run(layoutOnDevice, layoutOnHost));
@@ -259,17 +266,46 @@ fuscoResult_t LayerRun::basesAndFan() {
   return run(fanOnDevice, fanOnHost);
 }
 
-// Step 7: the one read back (on a CUDA comm it waits for everything enqueued so far), then what
-// it says about this rank's routing and the counts that arrived.
-void LayerRun::readSummary(ArgCheck* b) {
+// Step 6: the one read back (on a CUDA comm it waits for everything enqueued so far), then what
+// it says about this rank's routing and the counts that arrived. Returns the call's failure when
+// an operation of it failed on every rank (the summary then means nothing).
+fuscoResult_t LayerRun::readSummary(ArgCheck* b) {
+  ++h_.steps.rounds.readBacks;
   if (dev_) {
     const char* from = h_.devBuffer.device() + p_.summaryOffset;
-    joinFailure(
-        cudaCopyToHostSync(h_.devBuffer.host() + p_.summaryOffset, from, p_.summaryBytes, s_), b);
-    if (!b->ok()) return;
+    FUSCO_CHECK(
+        cudaCopyToHostSync(h_.devBuffer.host() + p_.summaryOffset, from, p_.summaryBytes, s_));
   }
-  if (*st_.send.badSlot != gplan::kNoBadSlot) return badSlotMessage(b);
-  checkSummary(h_, b);
+  FUSCO_CHECK(callVerdict());
+  if (*st_.send.badSlot != gplan::kNoBadSlot) {
+    badSlotMessage(b);
+    return fuscoSuccess;
+  }
+  int badSource = -1;
+  checkSummary(h_, b, &badSource);
+  if (badSource >= 0) {
+    // Every rank read it: each fails now, and no rank waits for another's verdict.
+    *b = ArgCheck();
+    b->fail(
+        "MoE routing: rank %d's topkIdx holds an expert id outside [-1, %d) or repeated within a "
+        "token (its own call names the token and slot)",
+        badSource, h_.shape.numExperts);
+    b->status = fuscoRemoteError;
+  }
+  return fuscoSuccess;
+}
+
+// An enqueued operation of this call that failed validation on every rank (another rank's
+// arguments, or the ranks' disagreement) was resolved before the stream passed it: its error is
+// the call's, taken here so that fuscoCommGetAsyncError does not report it a second time. (A host
+// comm's operations returned it already.)
+fuscoResult_t LayerRun::callVerdict() {
+  if (c_.asyncFailedCall() != c_.callSerial()) return fuscoSuccess;
+  std::string why;
+  fuscoResult_t engine = fuscoInvalidArgument;
+  const fuscoResult_t r = c_.takeAsyncError(&why, &engine);
+  if (r == fuscoSuccess) engine = fuscoInvalidArgument;
+  return FUSCO_FAIL(engine, kPlan, "%s", why.empty() ? "another rank's arguments" : why.c_str());
 }
 
 // The host check's message for the first bad slot (one token's ids read back).
@@ -290,13 +326,17 @@ void LayerRun::badSlotMessage(ArgCheck* b) {
   }
 }
 
-// Step 8 of a plan with sizes: the receive lists, sized now.
-fuscoResult_t LayerRun::exchangeFanLists() {
+// Step 7 of a plan with sizes: the receive lists, sized now. The operation carries the summary's
+// verdict on this rank's routing (b), so that no host round is needed for it: a refusal every
+// rank read from the summary (a source's bad routing) fails the call on every rank now; one that
+// only this rank found fails it here and on its peers when the operation is resolved.
+fuscoResult_t LayerRun::exchangeFanLists(const ArgCheck& b) {
+  ArgCheck room = b;
   uint64_t rows = 0, entries = 0;
-  for (int s = 0; s < n_; ++s) rows += h_.sizes.rowsFrom[s], entries += h_.sizes.slotsFrom[s];
+  for (int s = 0; s < n_ && room.ok(); ++s)
+    rows += h_.sizes.rowsFrom[s], entries += h_.sizes.slotsFrom[s];
   // A rank that cannot hold its lists still joins, so its peers fail at once with its reason.
-  ArgCheck room;
-  joinFailure(reserveFanLists(rows, entries), &room);
+  if (room.ok()) joinFailure(reserveFanLists(rows, entries), &room);
   std::vector<PeerWork> w(n_);
   if (room.ok()) fanListsWork(h_, &w);
   FUSCO_CHECK(op(h_.names->fanLists, room, w, false));
@@ -337,7 +377,8 @@ fuscoResult_t resolveFanLists(MoeHandle& h, Op& op) {
         "the token",
         *st.badSlot / st.topk, *st.badSlot % st.topk, h.shape.numExperts);
   } else {
-    checkSummary(h, &b);
+    int badSource = -1;  // its own operation carries its verdict to every rank
+    checkSummary(h, &b, &badSource);
   }
   op.argStatus = b.status;
   op.argError = b.message;
@@ -376,22 +417,16 @@ void LayerRun::finish() {
   if (paramPlanTrace() != 0 && (h_.capacity == 0 || !dev_)) traceSizes(h_);
 }
 
-// A round of no data whose outcome is every rank's verdict on `a`.
-fuscoResult_t verdict(Communicator& c, const char* name, const ArgCheck& a) {
-  std::vector<RowStream> none(c.nranks());
-  return exchange(c, name, a, none, none);
-}
-
 }  // namespace
 
 fuscoResult_t planMoeSteps(const int64_t* topkIdx, void* stream, ArgCheck a, MoeHandle* h) {
   Communicator& c = *h->comm;
+  const uint64_t hostRounds = c.hostRounds();
+  h->steps.rounds = MoeHandle::PlanRounds{};
   LayerRun run(*h, stream);
   run.prepare(topkIdx, &a);
   if (a.ok()) c.agreeInCall(planAgreement(*h));
-  // One host round agrees on every rank's arguments, so every rank enqueues the same operations.
-  FUSCO_CHECK(verdict(c, h->names->checks, a));
-  FUSCO_CHECK(run.counts());
+  FUSCO_CHECK(run.counts(a));
   FUSCO_CHECK(run.basesAndFan());
   if (h->capacity != 0) {
     // No read back: the routing's verdict rides on the last operation, which the progress thread
@@ -399,12 +434,12 @@ fuscoResult_t planMoeSteps(const int64_t* topkIdx, void* stream, ArgCheck a, Moe
     FUSCO_CHECK(run.lateFanLists());
   } else {
     ArgCheck b;
-    run.readSummary(&b);
-    FUSCO_CHECK(verdict(c, h->names->routing, b));
-    FUSCO_CHECK(run.exchangeFanLists());
+    FUSCO_CHECK(run.readSummary(&b));
+    FUSCO_CHECK(run.exchangeFanLists(b));
     h->planState = MoeHandle::kPlanReady;
   }
   run.finish();
+  h->steps.rounds.hostRounds = c.hostRounds() - hostRounds;
   h->planned = true;
   return fuscoSuccess;
 }

@@ -75,17 +75,22 @@ void hostLists(MoeHandle& h) {
 
 }  // namespace
 
-void checkSummary(MoeHandle& h, ArgCheck* b) {
+void checkSummary(MoeHandle& h, ArgCheck* b, int* badSource) {
   const int n = h.comm->nranks();
   const LayerPlan& st = h.steps.staged;
   MoeHandle::Sizes& z = h.sizes;
   const uint32_t mine = numLocal(h);
   z.rowsTo.assign(n, 0), z.slotsTo.assign(n, 0), z.rowsFrom.assign(n, 0), z.slotsFrom.assign(n, 0);
+  *badSource = -1;
   uint64_t slots = 0;
   for (int r = 0; r < n; ++r) {
     z.rowsTo[r] = st.send.rowOff[r + 1] - st.send.rowOff[r];
     z.slotsTo[r] = st.send.slotOff[r + 1] - st.send.slotOff[r];
     const uint32_t* m = st.layout.countsIn + r * (mine + 2ull);
+    if (m[0] == gplan::kBadRouting) {  // a source with a bad slot, which says so to every rank
+      if (*badSource < 0) *badSource = r;
+      continue;
+    }
     uint64_t sum = 0;
     for (uint32_t e = 0; e < mine; ++e) sum += m[2 + e];
     if (sum != m[1] || m[0] > m[1] || (h.dedup == Dedup::None && m[0] != m[1])) {

@@ -12,8 +12,10 @@
 namespace fusco {
 
 // The sizes the summary gives (h.sizes), after checking the count messages that arrived
-// (fuscoRemoteError naming the source) and the receive rows against h.capacity.
-void checkSummary(MoeHandle& h, ArgCheck* b);
+// (fuscoRemoteError naming the source) and the receive rows against h.capacity. *badSource: the
+// first source whose count message says its routing is invalid (-1: none; its sizes are not
+// read, and that source's own check fails the call).
+void checkSummary(MoeHandle& h, ArgCheck* b, int* badSource);
 // The last operation's work: each source's kStart and fan rows for each destination, into the
 // receive lists at h.steps.fanStart / fanRows (sets the offsets rowOffFrom and entryOff).
 void fanListsWork(MoeHandle& h, std::vector<PeerWork>* work);
