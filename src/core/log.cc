@@ -36,9 +36,10 @@ struct SubsysName {
   const char* name;
   uint32_t bit;
 };
-const SubsysName kSubsysNames[] = {
-    {"INIT", kInit}, {"BOOT", kBoot}, {"PLAN", kPlan}, {"ENGINE", kEngine}, {"SHM", kShm},
-    {"IPC", kIpc},   {"UCX", kUcx},   {"API", kApi},   {"NET", kNet},       {"ALL", kAll}};
+const SubsysName kSubsysNames[] = {{"INIT", kInit},     {"BOOT", kBoot}, {"PLAN", kPlan},
+                                   {"ENGINE", kEngine}, {"SHM", kShm},   {"IPC", kIpc},
+                                   {"UCX", kUcx},       {"API", kApi},   {"NET", kNet},
+                                   {"TIME", kTime},     {"ALL", kAll}};
 
 const char* subsysName(Subsys s) {
   for (const auto& n : kSubsysNames)

@@ -18,6 +18,8 @@ enum Subsys : uint32_t {
   kUcx = 1u << 6,
   kApi = 1u << 7,
   kNet = 1u << 8,
+  // Per-operation timing of enqueued operations (INFO): where an operation's time goes on the host.
+  kTime = 1u << 9,
   kAll = 0xffffffffu,
 };
 

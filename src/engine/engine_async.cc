@@ -131,7 +131,24 @@ struct Pending {
   ParamLayout layout;
   std::vector<bool> involved;                  // the pairs that post and wait for both flags
   fuscoResult_t enqueueStatus = fuscoSuccess;  // what the caller was told
+  // FUSCO_DEBUG_SUBSYS=TIME: when the caller began and ended enqueueing it, and when the progress
+  // thread took it up (nowNs; 0 when not traced).
+  int64_t enqueueNs = 0, enqueuedNs = 0, takenNs = 0;
 };
+
+// One INFO line per operation under FUSCO_DEBUG_SUBSYS=TIME: the caller's time to enqueue it,
+// how long it waited for the progress thread (busy with earlier operations, or asleep), and how
+// long resolving it took there (its header and verdict rounds with the peers, its parameters).
+void traceTimes(const Pending& pd, fuscoResult_t r) {
+  const int64_t done = nowNs();
+  FUSCO_INFO(kTime,
+             "%s (call #%llu, operation %llu): enqueued in %.1f us on the caller; taken up %.1f us "
+             "later; resolved in %.1f us (%s)",
+             pd.op.name, static_cast<unsigned long long>(pd.op.call),
+             static_cast<unsigned long long>(pd.index), (pd.enqueuedNs - pd.enqueueNs) / 1e3,
+             (pd.takenNs - pd.enqueuedNs) / 1e3, (done - pd.takenNs) / 1e3,
+             r == fuscoSuccess ? "ok" : fuscoGetErrorString(r));
+}
 
 // Every operation a remote pair shares is registered with the network bridge before its GO, with
 // the rows it moves (none when the pair did not agree, or the operation failed).
@@ -265,6 +282,7 @@ fuscoResult_t writeParams(StreamOps& ops, const Pending& pd, const DeviceTasks& 
 
 void resolve(Communicator& c, Pending& pd) {
   DeviceQueue& q = *c.deviceQueue();
+  if (pd.enqueueNs != 0) pd.takenNs = nowNs();
   c.progress()->setDoing(std::string("resolving ") + pd.op.name +
                          " (its headers exchanged with the peers, its landing places, its "
                          "parameters)");
@@ -303,6 +321,7 @@ void resolve(Communicator& c, Pending& pd) {
   }
   if (pd.op.after) pd.op.after(r == fuscoSuccess);
   q.go(pd.index);
+  if (pd.enqueueNs != 0) traceTimes(pd, r);
 }
 
 // What the network bridge cannot carry to a peer on another node: a replay of a captured
@@ -347,6 +366,7 @@ fuscoResult_t setupBeforeWaits(Communicator& c, const std::vector<bool>& involve
 
 fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   *agreedFailure = false;
+  const int64_t start = logEnabled(LogLevel::Info, kTime) ? nowNs() : 0;
   const int n = c.nranks(), me = c.rank();
   FUSCO_CHECK(c.useDevice());
   FUSCO_CHECK(c.streamOps()->capturing(op.stream, &op.captured));
@@ -381,6 +401,7 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   FUSCO_CHECK(enqueueStream(c, o, f, pd->index, pd->layout, pd->block));
   const fuscoResult_t status = pd->enqueueStatus = o.argStatus;
   const std::string error = o.argError;
+  if (start != 0) pd->enqueueNs = start, pd->enqueuedNs = nowNs();
   c.progress()->post([&c, pd] { resolve(c, *pd); }, pd->op.name);
   if (status == fuscoSuccess) return fuscoSuccess;
   // The peers learn this rank's failure from its header and skip the call with it.
