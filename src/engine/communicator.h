@@ -185,6 +185,9 @@ class Communicator {
     callAgreedFailure_ = agreedFailure;
     hostRounds_ += hostRound ? 1 : 0;
   }
+  // The call is failing on every rank alike, as its operations' verdict said (a plan's read-back
+  // found it): ending it with that error leaves the ranks in step.
+  void noteAgreedFailure() { callAgreedFailure_ = true; }
   // Operations so far that the calling thread exchanged with the peers and waited for (host
   // rounds), as opposed to operations enqueued on a stream. Caller's thread only.
   uint64_t hostRounds() const { return hostRounds_; }

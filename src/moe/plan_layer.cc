@@ -305,6 +305,7 @@ fuscoResult_t LayerRun::callVerdict() {
   fuscoResult_t engine = fuscoInvalidArgument;
   const fuscoResult_t r = c_.takeAsyncError(&why, &engine);
   if (r == fuscoSuccess) engine = fuscoInvalidArgument;
+  c_.noteAgreedFailure();  // every rank's operations of this call were skipped alike
   return FUSCO_FAIL(engine, kPlan, "%s", why.empty() ? "another rank's arguments" : why.c_str());
 }
 
