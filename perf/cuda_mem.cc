@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "number_args.h"
+
 #ifdef FUSCO_PERF_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -18,10 +20,8 @@ namespace perf {
 bool parseMemMode(const char* v, MemMode* out) {
   const char* const names[] = {"host", "cuda", "auto"};
   const MemMode modes[] = {MemMode::Host, MemMode::Cuda, MemMode::Auto};
-  for (int i = 0; i < 3; ++i) {
-    if (strcmp(v, names[i]) == 0) return (*out = modes[i]), true;
-  }
-  return false;
+  int i = 0;
+  return parseName(v, names, 3, &i) && ((*out = modes[i]), true);
 }
 
 const char* memModeName(MemMode m) {

@@ -127,12 +127,6 @@ bool parseContenders(const char* v, bool* out) {
   return true;
 }
 
-bool parseName(const char* v, const char* const* names, int n, int* out) {
-  for (int i = 0; i < n; ++i)
-    if (strcmp(v, names[i]) == 0) return (*out = i), true;
-  return false;
-}
-
 // A comma list of names (at least one, none empty).
 bool parseNameList(const char* v, const char* const* names, int n, std::vector<int>* out) {
   out->clear();

@@ -308,14 +308,8 @@ std::string noDaemonReason(const MpsRequest& req, bool cuda, int fake) {
 bool parseMpsMode(const char* v, MpsMode* out) {
   const char* const names[] = {"auto", "on", "off"};
   const MpsMode modes[] = {MpsMode::Auto, MpsMode::On, MpsMode::Off};
-  for (int i = 0; i < 3; ++i) {
-    if (strcmp(v, names[i]) == 0) return (*out = modes[i]), true;
-  }
-  return false;
-}
-
-const char* mpsModeName(MpsMode m) {
-  return m == MpsMode::Auto ? "auto" : m == MpsMode::On ? "on" : "off";
+  int i = 0;
+  return parseName(v, names, 3, &i) && ((*out = modes[i]), true);
 }
 
 bool mpsSetUp(const MpsRequest& req, MpsRun* run, std::string* err) {

@@ -33,7 +33,6 @@ enum class MpsMode { Auto, On, Off };
 
 // "auto", "on" or "off"; false (and *out untouched) on anything else.
 bool parseMpsMode(const char* v, MpsMode* out);
-const char* mpsModeName(MpsMode m);
 
 // What a run asks for.
 struct MpsRequest {

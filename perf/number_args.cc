@@ -2,9 +2,16 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 namespace fusco {
 namespace perf {
+
+bool parseName(const char* v, const char* const* names, int n, int* out) {
+  for (int i = 0; v != nullptr && i < n; ++i)
+    if (strcmp(v, names[i]) == 0) return (*out = i), true;
+  return false;
+}
 
 bool parseInt(const char* s, int* out) {
   if (s == nullptr || *s == '\0') return false;
