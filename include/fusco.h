@@ -80,7 +80,8 @@ fuscoResult_t fuscoGetVersion(int* version);
 /* Returns a static string naming the result code (never NULL). */
 const char* fuscoGetErrorString(fuscoResult_t result);
 /* Returns the message of the last failed call on comm; comm may be NULL: the last error of the
- * calling thread. Never NULL ("" when there was none). */
+ * calling thread. Never NULL ("" when there was none). The text belongs to the calling thread and
+ * stays valid until its next fusco call, also when another thread aborts or destroys comm. */
 const char* fuscoGetLastError(fuscoComm_t comm);
 
 /* ---------------------------------------------------------------- communicators */

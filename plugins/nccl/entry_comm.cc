@@ -60,6 +60,17 @@ ncclResult_t endComm(ncclComm_t comm, bool abort, const char* call) {
 std::mutex gHostAllocMu;
 std::set<void*> gHostAllocs;
 
+// ncclGetLastError's text: the calling thread's copy of a comm's message, valid until the thread's
+// next call, since an abort on another thread may free the comm's record meanwhile.
+thread_local std::string tCommError;
+
+bool copyLastError(Comm* c) {
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (c->lastError.empty()) return false;
+  tCommError = c->lastError;
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -85,20 +96,14 @@ const char* ncclGetLastError(ncclComm_t comm) {
   const Global& g = global();
   if (g.mode == Mode::Interposer) {
     Comm* c = comm != nullptr ? sideRecord(comm, false) : nullptr;
-    if (c != nullptr) {
-      std::lock_guard<std::mutex> lock(c->mu);
-      if (!c->lastError.empty()) return c->lastError.c_str();
-    }
+    if (c != nullptr && copyLastError(c)) return tCommError.c_str();
     if (comm == nullptr && *threadLastError() != '\0') return threadLastError();
     if (g.real.GetLastError == nullptr) return threadLastError();
     RealScope scope;
     return g.real.GetLastError(comm);
   }
   CommRef c = comm != nullptr ? liveComm(comm) : nullptr;
-  if (c != nullptr) {
-    std::lock_guard<std::mutex> lock(c->mu);
-    if (!c->lastError.empty()) return c->lastError.c_str();
-  }
+  if (c != nullptr && copyLastError(c.get())) return tCommError.c_str();
   return threadLastError();
 }
 

@@ -1,13 +1,41 @@
-#include <sched.h>
-
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "api/api_internal.h"
 #include "device/cuda_rt.h"
 
 namespace fusco {
 
+namespace {
+// The comm the calling thread's current call pinned (CallPin), and its handle.
+thread_local fuscoComm_t tPinnedHandle = nullptr;
+thread_local fuscoComm* tPinned = nullptr;
+
+fuscoComm* pinnedByThisThread(fuscoComm_t comm) {
+  return comm != nullptr && comm == tPinnedHandle ? tPinned : nullptr;
+}
+}  // namespace
+
+CallPin::CallPin(fuscoComm_t comm)
+    : c(comm != nullptr ? pinComm(comm) : nullptr),
+      handle_(comm),
+      prevHandle_(tPinnedHandle),
+      prev_(tPinned) {
+  if (c == nullptr) return;
+  tPinnedHandle = handle_;
+  tPinned = c;
+}
+
+CallPin::~CallPin() {
+  if (c == nullptr) return;
+  tPinnedHandle = prevHandle_;
+  tPinned = prev_;
+  unpinComm(c);
+}
+
 Communicator* commImpl(fuscoComm_t comm) {
+  if (fuscoComm* p = pinnedByThisThread(comm)) return p->impl.get();
   fuscoComm* c = objectOf<fuscoComm>(LiveKind::Comm, comm);
   return c != nullptr ? c->impl.get() : nullptr;
 }
@@ -20,9 +48,11 @@ Communicator& implOf(fuscoComm_t comm) {
 
 fuscoComm* unregisterComm(fuscoComm_t comm) {
   auto* c = static_cast<fuscoComm*>(unregisterLive(LiveKind::Comm, comm));
-  // Calls still inside this comm (another thread, woken by an abort) leave within one poll.
+  // Calls still inside this comm (another thread, woken by an abort) leave within one poll; the
+  // wait sleeps, so a slow one does not cost a core.
   if (c != nullptr)
-    while (c->impl->activeCalls.load() > 0) sched_yield();
+    while (c->impl->activeCalls.load() > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   return c;
 }
 
@@ -52,9 +82,14 @@ void unpinComm(fuscoComm* pinned) { pinned->impl->activeCalls--; }
 
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn) {
   if (comm == nullptr) return FUSCO_FAIL(fuscoInvalidArgument, kApi, "%s: comm is NULL", fn);
-  if (!commIsLive(comm))
+  const fuscoComm* pinned = pinnedByThisThread(comm);
+  if (pinned == nullptr && !commIsLive(comm))
     return FUSCO_FAIL(fuscoInvalidArgument, kApi,
-                      "%s: comm %p is not a live communicator (destroyed or never created)", fn,
+                      "%s: comm %p is not a live communicator (destroyed, aborted or never "
+                      "created)",
+                      fn, static_cast<void*>(comm));
+  if (pinned != nullptr && pinned->impl->abortRequested())
+    return FUSCO_FAIL(fuscoInvalidUsage, kApi, "%s: comm %p is being aborted (fuscoCommAbort)", fn,
                       static_cast<void*>(comm));
   return fuscoSuccess;
 }
@@ -68,7 +103,7 @@ thread_local fuscoComm_t tLastFailedComm = nullptr;
 void noteResult(fuscoComm_t comm, fuscoComm* pinned, fuscoResult_t r) {
   if (r == fuscoSuccess) return;
   tLastFailedComm = pinned != nullptr ? comm : nullptr;
-  if (pinned != nullptr) pinned->impl->lastError = threadLastError();
+  if (pinned != nullptr) pinned->impl->setLastError(threadLastError());
 }
 
 void checkStream(fuscoComm_t comm, void* stream, const char* fn, ArgCheck* a) {
@@ -102,12 +137,17 @@ const char* fuscoGetErrorString(fuscoResult_t result) { return resultName(result
 
 // The thread's own last failure when it concerned comm, or a call that found no live comm (a
 // destroyed handle); otherwise comm's last recorded error (another thread's, or an asynchronous
-// error fuscoCommGetAsyncError reported).
+// error fuscoCommGetAsyncError reported). The text returned is this thread's copy, valid until
+// its next call: an abort on another thread may free the comm meanwhile.
 const char* fuscoGetLastError(fuscoComm_t comm) {
   const std::string& mine = threadLastError();
   if (!mine.empty() && (tLastFailedComm == nullptr || tLastFailedComm == comm)) return mine.c_str();
-  Communicator* c = comm != nullptr ? commImpl(comm) : nullptr;
-  return c != nullptr ? c->lastError.c_str() : mine.c_str();
+  fuscoComm* pinned = comm != nullptr ? pinComm(comm) : nullptr;
+  if (pinned == nullptr) return mine.c_str();
+  thread_local std::string tCommError;
+  tCommError = pinned->impl->lastError();
+  unpinComm(pinned);
+  return tCommError.c_str();
 }
 
 fuscoResult_t fuscoDataTypeSize(fuscoDataType_t datatype, size_t* bytes) {

@@ -35,6 +35,21 @@ fuscoComm* unregisterComm(fuscoComm_t comm);
 // underneath: returns its object, or nullptr if comm is not live.
 fuscoComm* pinComm(fuscoComm_t comm);
 void unpinComm(fuscoComm* pinned);
+// The pin of the calling thread's call (guarded): while it lives, implOf, commImpl and checkComm
+// on that handle use the pinned object without looking the handle up again, so a call that races
+// fuscoCommAbort on another thread runs on to a clean error instead of finding its comm gone.
+class CallPin {
+ public:
+  explicit CallPin(fuscoComm_t comm);
+  ~CallPin();
+  CallPin(const CallPin&) = delete;
+  CallPin& operator=(const CallPin&) = delete;
+  fuscoComm* c;
+
+ private:
+  fuscoComm_t handle_, prevHandle_;
+  fuscoComm* prev_;
+};
 
 // fuscoInvalidArgument naming fn unless handle is a live MoE handle, layout or low-latency buffer
 // (kind says which).
@@ -64,7 +79,8 @@ inline fuscoResult_t checkOwnerComm(fuscoComm_t comm, const void* obj, const cha
                     fn, obj);
 }
 
-// fuscoInvalidArgument unless comm is a live communicator.
+// fuscoInvalidArgument unless comm is a live communicator (or the one this thread's call pinned);
+// fuscoInvalidUsage when an abort of it has begun.
 fuscoResult_t checkComm(fuscoComm_t comm, const char* fn);
 // After a failed call: records the thread's last error on the pinned communicator (nullptr:
 // none) and which comm handle the thread's failure concerns (fuscoGetLastError).
@@ -81,13 +97,7 @@ template <typename Body>
 fuscoResult_t guarded(fuscoComm_t comm, const char* fn, CallKind kind, Body body) {
   fuscoResult_t r;
   clearThreadLastError();
-  struct Pin {
-    fuscoComm* c;
-    explicit Pin(fuscoComm_t comm) : c(comm != nullptr ? pinComm(comm) : nullptr) {}
-    ~Pin() {
-      if (c) unpinComm(c);
-    }
-  } pin(comm);
+  CallPin pin(comm);
   const bool call = kind != CallKind::None && pin.c != nullptr;
   if (call) pin.c->impl->beginCall(kind == CallKind::Collective);
   try {

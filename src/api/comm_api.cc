@@ -141,7 +141,7 @@ fuscoResult_t fuscoCommGetAsyncError(fuscoComm_t comm, fuscoResult_t* asyncError
     implOf(comm).checkIdlePeers();
     *asyncError = implOf(comm).takeAsyncError(&why);
     // fuscoGetLastError(comm) says what the reported error was.
-    if (*asyncError != fuscoSuccess) implOf(comm).lastError = why;
+    if (*asyncError != fuscoSuccess) implOf(comm).setLastError(why);
     return fuscoSuccess;
   });
 }

@@ -323,12 +323,13 @@ Bootstrap::~Bootstrap() {
 // ---------------------------------------------------------------- collectives (star via root)
 fuscoResult_t BootstrapAccess::rootGather(Bootstrap* b, const std::string& mine,
                                           std::vector<std::string>* all) {
-  Deadline d(b->timeoutMs_);
+  Deadline d(b->timeoutMs_, b->abort_);
   std::vector<std::string> blobs(b->nranks_);
   blobs[0] = mine;
   fuscoResult_t r = fuscoSuccess;
   std::string msg;
   int bad = -1;
+  bool tableSent = false;
   for (int p = 1; p < b->nranks_ && r == fuscoSuccess; ++p) {
     std::string who = "rank " + std::to_string(p);
     SocketFrame h;
@@ -350,35 +351,45 @@ fuscoResult_t BootstrapAccess::rootGather(Bootstrap* b, const std::string& mine,
     if (r != fuscoSuccess) bad = p;
   }
   if (r == fuscoSuccess) {
-    std::string table = encodeTable(blobs);
-    Deadline sendD(b->timeoutMs_);
-    for (int p = 1; p < b->nranks_ && r == fuscoSuccess; ++p) {
-      int err = 0;
-      IoStatus s = sendFrame(b->peerFds_[p], kFrameTable, 0, b->seq_, table, sendD, &err);
-      if (s != IoStatus::Ok) {
-        r = ioFail(s, err, "rank " + std::to_string(p), "sending allGather results", b->timeoutMs_,
-                   &msg);
-        bad = p;
-      }
-    }
+    // Every rank gets the table at once, slice by slice (socketSendToAll), so none of them waits
+    // without progress while the others are served.
+    const std::string table = encodeTable(blobs);
+    const std::string wire =
+        socketFrameBytes(SocketFrame{kFrameMagic, kFrameTable, 0, b->seq_, table.size()}, table);
+    int err = 0;
+    tableSent = true;
+    IoStatus s = socketSendToAll(b->peerFds_, wire, Deadline(b->timeoutMs_, b->abort_), &bad, &err);
+    if (s != IoStatus::Ok)
+      r = ioFail(s, err, bad >= 0 ? "rank " + std::to_string(bad) : std::string("the ranks"),
+                 "sending allGather results", b->timeoutMs_, &msg);
   }
   if (r == fuscoSuccess) {
     all->swap(blobs);
     return fuscoSuccess;
   }
-  // Tell everybody else, so they fail now with the same story instead of timing out.
-  Deadline errD(kErrorSendMs);
-  for (int p = 1; p < b->nranks_; ++p) {
+  // An abort here is this rank's own: its peers learn that rank 0 aborted, not that they did, and
+  // the abort is not held up by draining what they send (they see the sockets close at worst).
+  const std::string local = msg;
+  const bool aborted = b->abort_ != nullptr && b->abort_->load();
+  if (aborted) {
+    msg = "bootstrap: rank 0 aborted the communicator (fuscoCommAbort) during a collective";
+    r = fuscoRemoteError;
+  }
+  // Tell everybody else, so they fail now with the same story instead of timing out. Once the
+  // table was on its way, a frame would land inside it: the peers see the connection close.
+  Deadline errD(aborted ? Deadline::kAbortPollMs : kErrorSendMs);
+  for (int p = 1; p < b->nranks_ && !tableSent; ++p) {
     int err = 0;
     if (p != bad) sendFrame(b->peerFds_[p], kFrameError, r, b->seq_, msg, errD, &err);
   }
-  drainAfterError(b->peerFds_);
+  if (!aborted) drainAfterError(b->peerFds_);
+  if (local != msg) return FUSCO_FAIL(fuscoInvalidUsage, kBoot, "%s", local.c_str());
   return FUSCO_FAIL(r, kBoot, "%s", msg.c_str());
 }
 
 fuscoResult_t BootstrapAccess::peerGather(Bootstrap* b, const std::string& mine,
                                           std::vector<std::string>* all) {
-  Deadline d(peerTimeoutMs(b->timeoutMs_));
+  Deadline d(peerTimeoutMs(b->timeoutMs_), b->abort_);
   std::string root = "root " + b->rootAddr_ + " (rank 0)";
   int err = 0;
   IoStatus s = sendFrame(b->rootFd_, kFrameGather, 0, b->seq_, mine, d, &err);

@@ -6,10 +6,11 @@
 // must present the secret before anything it says is believed; one that does not is logged and
 // dropped. The root then all-gathers each rank's blob (host identity, pid, transport addresses)
 // and keeps one socket per rank for later bootstrap collectives (a star through the root).
-// Every wait is bounded by the timeout; a closed socket is reported as fuscoRemoteError naming
-// the rank.
+// Every wait is bounded by the timeout, counted as time without progress (a large all-gather that
+// keeps moving is never cut off); a closed socket is reported as fuscoRemoteError naming the rank.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,6 +54,9 @@ class Bootstrap {
   fuscoResult_t barrier();
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // The owner's abort flag (fuscoCommAbort): a collective waiting for its peers returns
+  // fuscoInvalidUsage ("aborted") within Deadline::kAbortPollMs of it being raised.
+  void setAbortFlag(const std::atomic<bool>* flag) { abort_ = flag; }
   // 64-bit value unique to this communicator and equal on all its ranks (a hash of the id's
   // secret, never the secret itself): names per-communicator resources (shm segments, ...).
   uint64_t commTag() const { return tag_; }
@@ -63,6 +67,7 @@ class Bootstrap {
   int rank_;
   int nranks_;
   int64_t timeoutMs_;
+  const std::atomic<bool>* abort_ = nullptr;
   int rootFd_ = -1;           // non-root: socket to the root
   std::vector<int> peerFds_;  // root: socket per rank (-1 for itself)
   uint64_t secret_ = 0;

@@ -139,8 +139,14 @@ inline fuscoResult_t ioFail(IoStatus s, int err, const std::string& who, const c
     snprintf(buf, sizeof(buf), "bootstrap: %s closed its connection (while %s)", who.c_str(), what);
   } else if (s == IoStatus::Timeout) {
     r = fuscoTimeout;
-    snprintf(buf, sizeof(buf), "bootstrap: %s did not respond within %lld ms (while %s)",
+    snprintf(buf, sizeof(buf),
+             "bootstrap: %s did not respond within %lld ms without progress (while %s)",
              who.c_str(), static_cast<long long>(timeoutMs), what);
+  } else if (s == IoStatus::Aborted) {
+    r = fuscoInvalidUsage;
+    snprintf(buf, sizeof(buf),
+             "bootstrap: aborted (fuscoCommAbort) while waiting for %s (while %s)", who.c_str(),
+             what);
   } else {
     r = fuscoSystemError;
     snprintf(buf, sizeof(buf), "bootstrap: socket error with %s while %s: %s", who.c_str(), what,

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -22,14 +23,25 @@ namespace {
 
 constexpr int kConnectRetrySleepMs = 20;
 
-// Wait for `events` on fd until the deadline. Returns Ok when ready, Timeout, or Error.
+bool isPeerGone(int e) { return e == EPIPE || e == ECONNRESET || e == ENOTCONN; }
+
+// How long one poll may sleep before the deadline and its abort flag are looked at again: the
+// remaining time, rounded up so a sub-millisecond remainder still waits instead of spinning, and
+// no longer than Deadline::kAbortPollMs when an abort can end the wait.
+int pollSliceMs(const Deadline& d) {
+  int64_t ms = d.remainingMs();
+  if (ms <= 0) ms = 1;
+  if (d.abortFlag() != nullptr && ms > Deadline::kAbortPollMs) ms = Deadline::kAbortPollMs;
+  return static_cast<int>(ms);
+}
+
+// Wait for `events` on fd until the deadline. Returns Ok when ready, Timeout, Aborted, or Error.
 IoStatus waitFd(int fd, short events, const Deadline& d, int* err) {
   for (;;) {
-    int64_t ms = d.remainingMs();
-    if (ms <= 0 && d.expired()) return IoStatus::Timeout;
+    if (d.aborted()) return IoStatus::Aborted;
+    if (d.expired()) return IoStatus::Timeout;
     pollfd p{fd, events, 0};
-    // Round up so a sub-millisecond remainder still waits instead of spinning.
-    int rc = poll(&p, 1, static_cast<int>(ms > 0 ? ms : 1));
+    int rc = poll(&p, 1, pollSliceMs(d));
     if (rc > 0) return IoStatus::Ok;  // POLLERR/POLLHUP: the next send/recv reports it
     if (rc == 0) continue;            // loop re-checks the deadline
     if (errno == EINTR) continue;
@@ -38,7 +50,24 @@ IoStatus waitFd(int fd, short events, const Deadline& d, int* err) {
   }
 }
 
-bool isPeerGone(int e) { return e == EPIPE || e == ECONNRESET || e == ENOTCONN; }
+void encodeFrameHeader(const SocketFrame& f, unsigned char* h) {
+  wirePut64(h, f.magic);
+  wirePut32(h + 8, f.type);
+  wirePut32(h + 12, f.code);
+  wirePut64(h + 16, f.seq);
+  wirePut64(h + 24, f.len);
+}
+
+// One slice of socketSendToAll to fds[i]: Ok when it moved bytes or the socket is full.
+IoStatus sendSlice(int fd, const std::string& bytes, size_t* sent, int* err) {
+  constexpr size_t kSlice = 256 << 10;
+  const size_t n = std::min(kSlice, bytes.size() - *sent);
+  ssize_t k = send(fd, bytes.data() + *sent, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (k > 0) *sent += static_cast<size_t>(k);
+  if (k >= 0 || errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return IoStatus::Ok;
+  *err = errno;
+  return isPeerGone(*err) ? IoStatus::Closed : IoStatus::Error;
+}
 
 void setNoDelay(int fd) {
   int one = 1;
@@ -238,6 +267,8 @@ const char* ioStatusName(IoStatus s) {
       return "connection closed";
     case IoStatus::Timeout:
       return "timed out";
+    case IoStatus::Aborted:
+      return "aborted";
     default:
       return "error";
   }
@@ -309,6 +340,7 @@ IoStatus socketSendAll(int fd, const void* buf, size_t n, const Deadline& d, int
     if (k > 0) {
       p += k;
       n -= static_cast<size_t>(k);
+      d.progressed();
       continue;
     }
     if (k < 0 && errno == EINTR) continue;
@@ -352,6 +384,7 @@ IoStatus socketRecvAll(int fd, void* buf, size_t n, const Deadline& d, int* err)
     }
     p += got;
     n -= got;
+    d.progressed();
   }
   return IoStatus::Ok;
 }
@@ -369,11 +402,7 @@ IoStatus socketRecvString(int fd, uint64_t len, std::string* out, const Deadline
 IoStatus socketSendFrame(int fd, const SocketFrame& f, const std::string& payload,
                          const Deadline& d, int* err) {
   unsigned char h[kSocketFrameBytes];
-  wirePut64(h, f.magic);
-  wirePut32(h + 8, f.type);
-  wirePut32(h + 12, f.code);
-  wirePut64(h + 16, f.seq);
-  wirePut64(h + 24, f.len);
+  encodeFrameHeader(f, h);
   IoStatus s = socketSendAll(fd, h, sizeof(h), d, err);
   if (s != IoStatus::Ok || payload.empty()) return s;
   return socketSendAll(fd, payload.data(), payload.size(), d, err);
@@ -389,6 +418,40 @@ IoStatus socketRecvFrameHeader(int fd, SocketFrame* f, const Deadline& d, int* e
   f->seq = wireGet64(h + 16);
   f->len = wireGet64(h + 24);
   return IoStatus::Ok;
+}
+
+std::string socketFrameBytes(const SocketFrame& f, const std::string& payload) {
+  std::string out(kSocketFrameBytes, '\0');
+  encodeFrameHeader(f, reinterpret_cast<unsigned char*>(&out[0]));
+  return out + payload;
+}
+
+IoStatus socketSendToAll(const std::vector<int>& fds, const std::string& bytes, const Deadline& d,
+                         int* bad, int* err) {
+  *bad = -1;
+  std::vector<size_t> sent(fds.size(), 0);
+  std::vector<pollfd> waiting;
+  for (;;) {
+    waiting.clear();
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i] < 0 || sent[i] == bytes.size()) continue;
+      const size_t before = sent[i];
+      const IoStatus s = sendSlice(fds[i], bytes, &sent[i], err);
+      if (s != IoStatus::Ok) {
+        *bad = static_cast<int>(i);
+        return s;
+      }
+      if (sent[i] != before) d.progressed();
+      if (sent[i] < bytes.size()) waiting.push_back(pollfd{fds[i], POLLOUT, 0});
+    }
+    if (waiting.empty()) return IoStatus::Ok;
+    if (d.aborted()) return IoStatus::Aborted;
+    if (d.expired()) return IoStatus::Timeout;
+    if (poll(waiting.data(), waiting.size(), pollSliceMs(d)) < 0 && errno != EINTR) {
+      *err = errno;
+      return IoStatus::Error;
+    }
+  }
 }
 
 void socketClose(int* fd) {

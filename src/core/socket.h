@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/clock.h"
 #include "fusco.h"
@@ -49,7 +50,8 @@ fuscoResult_t socketFindInterface(SockAddr* addr, std::string* ifName);
 fuscoResult_t socketListen(const SockAddr& addr, int backlog, bool reuseAddr, int* fd,
                            SockAddr* bound);
 
-enum class IoStatus { Ok, Closed, Timeout, Error };
+// Aborted: the deadline's abort flag was raised (fuscoCommAbort) while the call waited.
+enum class IoStatus { Ok, Closed, Timeout, Error, Aborted };
 const char* ioStatusName(IoStatus s);
 
 // Connects to addr, retrying refused/reset/timed-out attempts with a short sleep until the
@@ -60,8 +62,9 @@ IoStatus socketConnect(const SockAddr& addr, const Deadline& d, int* fd, int* er
 // Timeout when none is pending (EAGAIN), Error otherwise (err = errno).
 IoStatus socketAccept(int listenFd, int* fd, SockAddr* peer, int* err);
 
-// Sends/receives exactly n bytes before the deadline. Closed: the peer closed (EOF, EPIPE or
-// ECONNRESET); Timeout: the deadline passed first; Error: another errno in *err.
+// Sends/receives exactly n bytes before the deadline, which restarts whenever bytes move (a timeout
+// is time without progress). Closed: the peer closed (EOF, EPIPE or ECONNRESET); Timeout: the
+// deadline passed first; Aborted: its abort flag was raised; Error: another errno in *err.
 IoStatus socketSendAll(int fd, const void* buf, size_t n, const Deadline& d, int* err);
 IoStatus socketRecvAll(int fd, void* buf, size_t n, const Deadline& d, int* err);
 
@@ -85,6 +88,8 @@ constexpr size_t kSocketFrameBytes = 32;
 // Sends h (its len must be payload.size()) and the payload.
 IoStatus socketSendFrame(int fd, const SocketFrame& h, const std::string& payload,
                          const Deadline& d, int* err);
+// The header and payload of a frame as the bytes sent (for socketSendToAll).
+std::string socketFrameBytes(const SocketFrame& f, const std::string& payload);
 // Receives a header only; the caller checks magic and len before reading the payload.
 IoStatus socketRecvFrameHeader(int fd, SocketFrame* h, const Deadline& d, int* err);
 
@@ -105,6 +110,13 @@ inline uint64_t wireGet64(const unsigned char* p) {
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
 }
+
+// Sends the same bytes to every fd of fds (-1: skipped), interleaved in slices so that every
+// receiver sees its bytes arrive while the others are served: each receiver's timeout counts time
+// without progress, and one that waits behind all the others would otherwise see none. On a
+// failure *bad is the index of the fd that failed (-1: none, a timeout or an abort).
+IoStatus socketSendToAll(const std::vector<int>& fds, const std::string& bytes, const Deadline& d,
+                         int* bad, int* err);
 
 // Closes fd if open and sets it to -1.
 void socketClose(int* fd);

@@ -3,6 +3,7 @@
 // kernel launcher returns fuscoInvalidUsage and the twin still works.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "device/ll_steps.h"
@@ -31,6 +32,7 @@ struct HostWait {
   void* ctx = nullptr;
   int64_t timeoutMs = 0;
   int64_t livenessMs = 0;
+  const std::atomic<bool>* abort = nullptr;  // fuscoCommAbort's flag: a raised flag ends the wait
 };
 
 // Host twin: the phases of `phases` over host memory on the calling thread, the kernels' steps in

@@ -30,6 +30,10 @@ fuscoResult_t waitFor(const Args& a, const HostWait& w, Phase ph, const uint64_t
                         "low-latency %s: the communicator broke while waiting for rank %u",
                         phaseName(ph), peer);
     if (spins < 256) continue;
+    if (w.abort != nullptr && w.abort->load(std::memory_order_relaxed))
+      return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                        "low-latency %s: aborted (fuscoCommAbort) while waiting for rank %u",
+                        phaseName(ph), peer);
     std::this_thread::yield();
     const int64_t now = nowNs();
     if (now - lastLive >= w.livenessMs * 1000000LL) {

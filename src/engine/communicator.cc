@@ -176,6 +176,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   std::vector<std::string> blobs;
   FUSCO_CHECK(Bootstrap::init(id, nranks, rank, c->ctx_.timeoutMs,
                               encodePeerInfo(localPeerInfo(), localSize), &c->bootstrap_, &blobs));
+  c->bootstrap_->setAbortFlag(&c->abortRequested_);  // fuscoCommAbort wakes its collectives
   FUSCO_CHECK(faultPoint(FaultPhase::Bootstrap, rank));
   c->peers_.resize(nranks);
   std::vector<std::string> hostIds(nranks);

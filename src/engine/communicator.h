@@ -155,6 +155,7 @@ class Communicator {
   // fuscoCommAbort from any thread: blocked waits notice it and return.
   void requestAbort() { abortRequested_ = true; }
   bool abortRequested() const { return abortRequested_.load(std::memory_order_relaxed); }
+  const std::atomic<bool>* abortFlag() const { return &abortRequested_; }
 
   // Per-peer operation counter: both sides of a pair count the operations they share.
   uint64_t nextPairSeq(int peer) { return ++pairSeq_[peer]; }
@@ -244,7 +245,16 @@ class Communicator {
   uint64_t asyncFailedCall() const { return asyncFailedCall_; }
   void setAsyncFailedCall(uint64_t call) { asyncFailedCall_ = call; }
 
-  std::string lastError;  // message of the last failed call on this comm (set by the API layer)
+  // The message of the last failed call on this comm (set by the API layer). Any thread may set
+  // or read it while another aborts or uses the comm, so it is copied under a lock.
+  void setLastError(const std::string& msg) {
+    std::lock_guard<std::mutex> g(lastErrorMu_);
+    lastError_ = msg;
+  }
+  std::string lastError() const {
+    std::lock_guard<std::mutex> g(lastErrorMu_);
+    return lastError_;
+  }
   std::atomic<int> activeCalls{0};
 
  private:
@@ -277,6 +287,8 @@ class Communicator {
   mutable std::mutex brokenMu_;
   std::string brokenMsg_;
   std::atomic<bool> abortRequested_{false};
+  mutable std::mutex lastErrorMu_;
+  std::string lastError_;
   std::map<void*, size_t> plainAllocs_;
   std::map<void*, size_t> deviceAllocs_;  // a CUDA comm without a device transport (one rank)
   std::map<int, std::pair<void*, size_t>> scratch_;

@@ -303,6 +303,7 @@ fuscoResult_t LowLatency::run(const ll::Args& a, uint32_t phases, void* stream) 
   w.ctx = &c_;
   w.timeoutMs = c_.timeoutMs();
   w.livenessMs = paramLivenessMs();
+  w.abort = c_.abortFlag();
   const fuscoResult_t r = ll::hostRun(a, phases, w);
   if (r != fuscoSuccess) c_.markBroken(r, threadLastError());
   return r;

@@ -93,3 +93,46 @@ TEST(HostAllGather, APeerThatExitedFailsTheGatherWithinTheTimeout) {
 }
 
 }  // namespace
+
+namespace {
+
+// The documented maximum, 1 MiB a rank, on 32 ranks with a 1 s timeout: rank 0 forwards 32 MiB to
+// each of 31 ranks, which takes longer than the timeout here, but never stops moving. The timeout
+// counts time without progress, so the gather completes, exact, on every rank. A second comm with
+// a long timeout brings the ranks together first, so what the short one meets is the transfer,
+// not a rank that is slow to start.
+TEST(HostAllGather, TheDocumentedMaximumOn32RanksIsNotCutOffWhileItMoves) {
+  const uint64_t seed = fusco::test::testSeed();
+  const int n = 32;
+  const size_t bytes = size_t{1} << 20;
+  runRanks(n, [seed, bytes](const RankCtx& ctx) {
+    fuscoComm_t meet = gatherComm(ctx);
+    fuscoUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    if (ctx.rank == 0) {
+      FUSCO_ASSERT_OK(meet, fuscoGetUniqueId(&id));
+    }
+    std::vector<fuscoUniqueId> ids(ctx.nranks);
+    FUSCO_ASSERT_OK(meet, fuscoCommHostAllGather(meet, &id, ids.data(), sizeof(id)));
+    fuscoConfig_t cfg = FUSCO_CONFIG_INITIALIZER;
+    cfg.timeoutMs = 1000;
+    fuscoComm_t comm = nullptr;
+    FUSCO_ASSERT_OK(meet, fuscoCommInitRankConfig(&comm, ctx.nranks, ids[0], ctx.rank, &cfg));
+    std::vector<uint8_t> mine(bytes), got(bytes * ctx.nranks), want(bytes);
+    fusco::test::fillPayload(mine.data(), seed, ctx.rank, 0, 0, bytes);
+    for (int round = 0; round < 2; ++round) {
+      fusco::test::poison(got.data(), got.size());
+      FUSCO_ASSERT_OK(meet, fuscoCommHostAllGather(meet, nullptr, nullptr, 0));  // together
+      FUSCO_ASSERT_OK(comm, fuscoCommHostAllGather(comm, mine.data(), got.data(), bytes));
+      for (int p = 0; p < ctx.nranks; ++p) {
+        fusco::test::fillPayload(want.data(), seed, p, 0, 0, bytes);
+        EXPECT_EQ(std::memcmp(got.data() + p * bytes, want.data(), bytes), 0)
+            << "round " << round << ": rank " << p << "'s bytes";
+      }
+    }
+    FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+    FUSCO_EXPECT_OK(meet, fuscoCommDestroy(meet));
+  });
+}
+
+}  // namespace

@@ -1,7 +1,8 @@
 /* Careless use of the NCCL ABI in standalone mode (forked ranks, host memory): communicators used
  * after ncclCommDestroy or ncclCommAbort, groups that outlive their communicator, a failed call
- * inside a group, a split one rank refuses, a peer that dies while this rank is idle. Each case
- * checks the result code, the message, and every byte of every buffer against the sequential
+ * inside a group, a split one rank refuses, a peer that dies while this rank is idle, and an
+ * abort from another thread racing ncclGetLastError, ncclCommGetAsyncError or a blocked split. Each
+ * case checks the result code, the message, and every byte of every buffer against the sequential
  * reference (pattern()) or its poison. Run under ASan in CI (.ci/run): no invalid read or write. */
 #include <pthread.h>
 #include <string.h>
@@ -343,21 +344,135 @@ static void idlePeerDeathBody(const ncclUniqueId* id, int rank, int n) {
   NCCLOK(ncclCommAbort(comm));
 }
 
+/* A communicator of this process alone, from a fresh unique id. */
+static ncclComm_t soloComm(void) {
+  ncclUniqueId id;
+  ncclComm_t c = NULL;
+  NCCLOK(ncclGetUniqueId(&id));
+  NCCLOK(ncclCommInitRank(&c, 1, id, 0));
+  return c;
+}
+
+typedef struct {
+  ncclComm_t comm;
+  volatile int done;
+  ncclResult_t result;
+  int sleepUs;
+} Aborter;
+static void* abortNow(void* p) {
+  Aborter* a = (Aborter*)p;
+  usleep((useconds_t)a->sleepUs);
+  a->result = ncclCommAbort(a->comm);
+  a->done = 1;
+  return NULL;
+}
+static void* failCount(void* p) {
+  CHECK(ncclCommCount((ncclComm_t)p, NULL) == ncclInvalidArgument, "ncclCommCount(comm, NULL)");
+  return NULL;
+}
+
+/* The text ncclGetLastError(comm) returned before another thread aborted comm stays the reader's
+ * afterwards, also once the heap has handed the comm's memory out again (ASan in CI sees a read of
+ * freed memory at once). */
+static void abortLastErrorBody(const ncclUniqueId* id, int rank, int n) {
+  (void)id;
+  (void)n;
+  if (rank != 0) return;
+  for (int i = 0; i < 30; ++i) {
+    ncclComm_t c = soloComm();
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, failCount, c) == 0, "pthread_create");
+    pthread_join(t, NULL);
+    const char* text = ncclGetLastError(c);
+    char want[256];
+    snprintf(want, sizeof(want), "%s", text);
+    CHECK_MSG(want, "ncclCommCount");
+    Aborter a = {c, 0, ncclInProgress, (i % 5) * 100};
+    CHECK(pthread_create(&t, NULL, abortNow, &a) == 0, "pthread_create");
+    pthread_join(t, NULL);
+    CHECK(a.result == ncclSuccess, "ncclCommAbort: %d", a.result);
+    char* churn[128];
+    for (int k = 0; k < 128; ++k) {
+      churn[k] = malloc(strlen(want) + 1);
+      memset(churn[k], 'x', strlen(want));
+      churn[k][strlen(want)] = '\0';
+    }
+    CHECK(strcmp(text, want) == 0, "the text changed after the abort: '%s'", text);
+    for (int k = 0; k < 128; ++k) free(churn[k]);
+  }
+}
+
+/* NCCL's watchdog pattern: one thread asks ncclCommGetAsyncError in a loop while another aborts
+ * the comm. Every answer is a result or a clean refusal of a dead comm, never ncclInternalError. */
+static void abortAsyncErrorBody(const ncclUniqueId* id, int rank, int n) {
+  (void)id;
+  (void)n;
+  if (rank != 0) return;
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    ncclComm_t c = soloComm();
+    Aborter a = {c, 0, ncclInProgress, (i % 8) * 100};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, abortNow, &a) == 0, "pthread_create");
+    for (int k = 0; k < 1000000; ++k) {
+      ncclResult_t async = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(c, &async);
+      if (r == ncclSuccess) continue;
+      CHECK(r == ncclInvalidArgument || r == ncclInvalidUsage, "call %d beside an abort: %d (%s)",
+            k, r, ncclGetLastError(NULL));
+      ++refused;
+      break;
+    }
+    pthread_join(t, NULL);
+    CHECK(a.result == ncclSuccess, "ncclCommAbort: %d", a.result);
+  }
+  CHECK(refused > 0, "no call ever met the abort");
+}
+
+/* Rank 0's ncclCommSplit waits for rank 1, which comes 2.5 s late; another thread of rank 0
+ * aborts the parent after 300 ms. The split returns an error within half a second of the abort
+ * (the timeout is a minute), and rank 1's late split fails instead of waiting. */
+static void abortSplitBody(const ncclUniqueId* id, int rank, int n) {
+  ncclComm_t parent = NULL, sub = NULL;
+  NCCLOK(ncclCommInitRank(&parent, n, *id, rank));
+  if (rank != 0) {
+    usleep(2500 * 1000);
+    CHECK(ncclCommSplit(parent, 0, rank, &sub, NULL) != ncclSuccess, "a split after rank 0 left");
+    ncclCommAbort(parent);
+    return;
+  }
+  Aborter a = {parent, 0, ncclInProgress, 300 * 1000};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, abortNow, &a) == 0, "pthread_create");
+  const double start = nowSec();
+  ncclResult_t r = ncclCommSplit(parent, 0, rank, &sub, NULL);
+  const double took = nowSec() - start;
+  pthread_join(t, NULL);
+  CHECK(a.result == ncclSuccess, "ncclCommAbort: %d", a.result);
+  CHECK(r != ncclSuccess && sub == NULL, "an aborted split: %d", r);
+  CHECK_MSG(ncclGetLastError(NULL), "abort");
+  CHECK(took < 0.8, "the split woke %.2f s after the abort", took - 0.3);
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(
         stderr,
         "usage: %s destroyed|group-destroy|group-abort|abort-during-group|group-error|split-config|"
-        "idle-peer-death|stale-registration NRANKS\n",
+        "idle-peer-death|stale-registration|abort-last-error|abort-async-error|abort-split "
+        "NRANKS\n",
         argv[0]);
     return 2;
   }
   int n = atoi(argv[2]);
-  const char* names[] = {"destroyed",   "group-destroy", "group-abort",     "abort-during-group",
-                         "group-error", "split-config",  "idle-peer-death", "stale-registration"};
+  const char* names[] = {"destroyed",          "group-destroy",      "group-abort",
+                         "abort-during-group", "group-error",        "split-config",
+                         "idle-peer-death",    "stale-registration", "abort-last-error",
+                         "abort-async-error",  "abort-split"};
   RawBody bodies[] = {destroyedBody,        groupOutlivesCommBody, groupOutlivesCommBody,
                       abortDuringGroupBody, groupErrorRaw,         splitBadConfigBody,
-                      idlePeerDeathBody,    staleRegistrationBody};
+                      idlePeerDeathBody,    staleRegistrationBody, abortLastErrorBody,
+                      abortAsyncErrorBody,  abortSplitBody};
   gAbort = strcmp(argv[1], "group-abort") == 0;
   RawBody body = NULL;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
