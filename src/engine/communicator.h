@@ -157,6 +157,10 @@ class Communicator {
   bool abortRequested() const { return abortRequested_.load(std::memory_order_relaxed); }
   const std::atomic<bool>* abortFlag() const { return &abortRequested_; }
 
+  // Low-latency buffers made on this comm so far: each gets the next number, alike on every rank
+  // (creates are collective), so a destroy can name its buffer to the peers.
+  uint64_t nextLowLatencyNumber() { return ++lowLatencyMade_; }
+
   // Per-peer operation counter: both sides of a pair count the operations they share.
   uint64_t nextPairSeq(int peer) { return ++pairSeq_[peer]; }
 
@@ -278,6 +282,7 @@ class Communicator {
   std::vector<std::pair<const TransportOps*, TransportComm*>> transports_;
   std::vector<uint64_t> pairSeq_;
   uint64_t callSeq_ = 0;
+  uint64_t lowLatencyMade_ = 0;
   uint64_t callSerial_ = 0;
   uint64_t hostRounds_ = 0;
   bool callOpen_ = false, callAgreedFailure_ = false;

@@ -188,6 +188,25 @@ fuscoResult_t LowLatency::mapPeers(const std::vector<std::string>& tokens) {
   return cudaCopySync(peersDev_, peers_.data(), peers_.size() * 8);
 }
 
+// Allocation, the words' reset and the peers' mappings are setup calls (docs/DESIGN.md, "The CUDA
+// rules"): each runs in a setup window of its own, closed before the ranks exchange anything. A
+// window held across a wait for the peers would hold back the stream waits of every other
+// communicator of the process, whose peers may be waiting for this rank meanwhile.
+void LowLatency::allocateInWindow(ArgCheck* a) {
+  CudaSetupWindow window;
+  fuscoResult_t r = c_.setupWindow(&window, "fuscoLowLatencyCreate");
+  if (r == fuscoSuccess && allocate() != fuscoSuccess) r = fuscoSystemError;
+  if (r == fuscoSuccess) return;
+  a->status = r;
+  a->message = threadLastError();
+}
+
+fuscoResult_t LowLatency::mapPeersInWindow(const std::vector<std::string>& tokens) {
+  CudaSetupWindow window;
+  FUSCO_CHECK(c_.setupWindow(&window, "fuscoLowLatencyCreate"));
+  return mapPeers(tokens);
+}
+
 fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck a,
                                  std::unique_ptr<LowLatency>* out) {
   if (c.nodes().numNodes > 1)
@@ -202,17 +221,10 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
   std::vector<std::string> cfgs;
   FUSCO_CHECK(gatherStep(c, kCreateStep, a.ok() ? configWords(cfg) : "-" + a.message, &cfgs));
   FUSCO_CHECK(agreeOnConfig(c, a, cfgs));
-  // Allocation, the words' reset and the peers' mappings are setup calls (docs/DESIGN.md, "The
-  // CUDA rules"): they run once no operation of the process waits.
-  CudaSetupWindow window;
-  FUSCO_CHECK(c.setupWindow(&window, "fuscoLowLatencyCreate"));
   std::unique_ptr<LowLatency> l(new LowLatency(c));
   l->cfg_ = cfg;
   uint64_t token = 0;
-  if (a.ok() && l->allocate() != fuscoSuccess) {
-    a.status = fuscoSystemError;
-    a.message = threadLastError();
-  }
+  if (a.ok()) l->allocateInWindow(&a);
   for (int p = 0; p < c.nranks() && a.ok(); ++p)
     if (p != c.rank() && !c.regionToken(p, l->buf_, l->layout_.total, &token))
       a.fail("fuscoLowLatencyCreate: rank %d's buffer cannot be mapped by rank %d", c.rank(), p);
@@ -225,7 +237,7 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
                      all[p].c_str() + 1);
   if (r == fuscoSuccess) {
     // Mapping can fail on one rank alone: the ranks compare outcomes once more.
-    r = l->mapPeers(all);
+    r = l->mapPeersInWindow(all);
     int failed = -1;
     std::string why;
     const fuscoResult_t g =
@@ -240,6 +252,7 @@ fuscoResult_t LowLatency::create(Communicator& c, const LlConfig& cfg, ArgCheck 
     return r;
   }
   LowLatency* self = l.get();
+  self->number_ = c.nextLowLatencyNumber();  // created alike on every rank: the same number
   if (self->device_) c.addWatch(self, [self] { self->watch(); });
   *out = std::move(l);
   return fuscoSuccess;
@@ -258,12 +271,31 @@ fuscoResult_t LowLatency::destroy() {
   // nobody writes it either). A broken rank joins too, so no peer waits for it. On a comm that was
   // usable, a rank that never came is an error that breaks it: nobody knows what it still writes.
   std::vector<std::string> all;
-  fuscoResult_t g = gatherStep(c_, kDestroyStep, "", &all);
+  fuscoResult_t g = gatherStep(c_, kDestroyStep, std::to_string(number_), &all);
+  if (g == fuscoSuccess && wasUsable) g = checkSameBuffer(all);
   if (g != fuscoSuccess && wasUsable && c_.brokenResult() == fuscoSuccess)
     c_.markBroken(g, "fuscoLowLatencyDestroy: " + threadLastError());
   if (!wasUsable) g = fuscoSuccess;  // the comm's failure was reported by the call that broke it
   const fuscoResult_t f = c_.memFree(buf_);
   return r != fuscoSuccess ? r : g != fuscoSuccess ? g : f;
+}
+
+// Each rank's destroy names its buffer by its number on the comm: ranks that destroy different
+// buffers (a garbage collector finalizing them in another order on each rank) would free memory a
+// peer still writes. Every rank sees the same numbers, so all of them fail alike and the comm
+// breaks (destroy marks it) before anything more is written.
+fuscoResult_t LowLatency::checkSameBuffer(const std::vector<std::string>& numbers) const {
+  const std::string mine = std::to_string(number_);
+  for (int p = 0; p < c_.nranks(); ++p) {
+    if (numbers[p] == mine) continue;
+    return FUSCO_FAIL(fuscoInvalidUsage, kApi,
+                      "fuscoLowLatencyDestroy: rank %d destroys low-latency buffer #%s while rank "
+                      "%d destroys buffer #%s (buffers are numbered in the order the comm made "
+                      "them); every rank must destroy the same buffer in the same call (the "
+                      "communicator cannot be used any more)",
+                      p, numbers[p].c_str(), c_.rank(), mine.c_str());
+  }
+  return fuscoSuccess;
 }
 
 ll::Args LowLatency::argsFor(const LlCall& call) const {

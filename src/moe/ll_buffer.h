@@ -63,7 +63,11 @@ class LowLatency {
  private:
   explicit LowLatency(Communicator& c) : c_(c), device_(c.memType() == fuscoMemCuda) {}
   fuscoResult_t allocate();
+  void allocateInWindow(ArgCheck* a);  // a failure goes into *a, for the peers to hear of
   fuscoResult_t mapPeers(const std::vector<std::string>& tokens);
+  fuscoResult_t mapPeersInWindow(const std::vector<std::string>& tokens);
+  // fuscoInvalidUsage naming both buffers unless every rank's destroy names this one.
+  fuscoResult_t checkSameBuffer(const std::vector<std::string>& numbers) const;
   ll::Args argsFor(const LlCall& call) const;
   fuscoResult_t run(const ll::Args& a, uint32_t phases, void* stream);
   fuscoResult_t launch(const ll::Args& a, uint32_t phases, void* stream);
@@ -75,6 +79,8 @@ class LowLatency {
   Communicator& c_;  // not used by the destructor (the comm may be gone by then)
   const bool device_;
   LlConfig cfg_;
+  uint64_t number_ =
+      0;  // this buffer's creation number on the comm (1, 2, ...), equal on every rank
   ll::Dims dims_;
   ll::Layout layout_;
   char* buf_ = nullptr;
