@@ -63,6 +63,21 @@ uint32_t parseMask(const std::string& spec) {
   return negate ? ~mask : mask;
 }
 
+// Every name of a FUSCO_DEBUG_SUBSYS list is a subsystem: a typo must not silently log nothing.
+bool subsysListOk(const std::string& spec) {
+  size_t pos = !spec.empty() && spec[0] == '^' ? 1 : 0;
+  for (;;) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string tok = spec.substr(pos, comma - pos);
+    bool known = false;
+    for (const auto& n : kSubsysNames) known = known || strcasecmp(tok.c_str(), n.name) == 0;
+    if (!known) return false;
+    if (comma == spec.size()) return true;
+    pos = comma + 1;
+  }
+}
+
 std::string expandPath(const std::string& pattern, const char* host) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -116,10 +131,12 @@ constexpr ParamChoice kLevelChoices[] = {{"NONE", static_cast<int64_t>(LogLevel:
 
 FUSCO_PARAM_CHOICE(DebugLevel, LogLevel, "FUSCO_DEBUG", "WARN", kLevelChoices,
                    "log level: NONE, WARN, INFO or TRACE");
-FUSCO_PARAM_STRING(
-    DebugSubsys, "FUSCO_DEBUG_SUBSYS", "ALL",
-    "subsystems to log, comma separated (INIT,BOOT,PLAN,ENGINE,SHM,IPC,UCX,API,NET); "
-    "^ negates");
+FUSCO_PARAM_STRING_CHECKED(
+    DebugSubsys, "FUSCO_DEBUG_SUBSYS", "ALL", subsysListOk,
+    "a comma-separated list of INIT, BOOT, PLAN, ENGINE, SHM, IPC, UCX, API, NET, TIME or ALL, "
+    "^ first to negate",
+    "subsystems whose INFO and TRACE lines are logged, comma separated "
+    "(INIT,BOOT,PLAN,ENGINE,SHM,IPC,UCX,API,NET,TIME,ALL); ^ negates; warnings are always logged");
 FUSCO_PARAM_STRING(DebugFile, "FUSCO_DEBUG_FILE", "",
                    "log to this file instead of stderr (%h host, %p pid)");
 
@@ -138,8 +155,10 @@ void logConfigure() {
 bool logEnabled(LogLevel level, Subsys sub) {
   LogState& s = state();
   if (!s.configured.load(std::memory_order_acquire)) logConfigure();
+  // Warnings pass whatever the mask says (as NCCL's do): a dead peer is never logged only under
+  // the subsystem a user thought of.
   return static_cast<int>(level) <= s.level.load(std::memory_order_relaxed) &&
-         (s.mask.load(std::memory_order_relaxed) & sub) != 0;
+         (level == LogLevel::Warn || (s.mask.load(std::memory_order_relaxed) & sub) != 0);
 }
 
 void logSetRank(int rank) { state().rank = rank; }

@@ -109,6 +109,7 @@ std::string acceptedText(const ParamDesc& d) {
       return s;
     }
     case ParamType::String:
+      if (d.textAccepted != nullptr) return d.textAccepted;
       break;
   }
   return "any text";
@@ -116,7 +117,7 @@ std::string acceptedText(const ParamDesc& d) {
 
 // Parses `text` for d: false when it is not accepted.
 bool parseValue(const ParamDesc& d, const std::string& text, int64_t* value) {
-  if (d.type == ParamType::String) return true;
+  if (d.type == ParamType::String) return d.textOk == nullptr || d.textOk(text);
   if (d.type == ParamType::Choice) return parseChoice(d, text, value);
   return parseInt(text, value) && *value >= d.min && *value <= d.max;
 }

@@ -32,7 +32,8 @@ struct ParamChoice {
 // called before its file's dynamic initializers still finds it; the atomics cache integer values.
 struct ParamDesc {
   constexpr ParamDesc(const char* n, ParamType t, int64_t defInt, const char* defText, int64_t mn,
-                      int64_t mx, const ParamChoice* ch, size_t nch, const char* h)
+                      int64_t mx, const ParamChoice* ch, size_t nch, const char* h,
+                      bool (*ok)(const std::string&) = nullptr, const char* okText = nullptr)
       : name(n),
         type(t),
         defaultInt(defInt),
@@ -41,7 +42,9 @@ struct ParamDesc {
         max(mx),
         choices(ch),
         numChoices(nch),
-        help(h) {}
+        help(h),
+        textOk(ok),
+        textAccepted(okText) {}
   const char* name;
   ParamType type;
   int64_t defaultInt;       // Int
@@ -50,6 +53,8 @@ struct ParamDesc {
   const ParamChoice* choices;
   size_t numChoices;
   const char* help;
+  bool (*textOk)(const std::string&);   // String: the texts accepted (nullptr: every text)
+  const char* textAccepted;             // String: what textOk accepts, for the warning
   std::atomic<uint64_t> generation{0};  // params generation `cached` belongs to (0: none)
   std::atomic<int64_t> cached{0};       // Int and Choice: the value in force
   std::atomic<int> slot{-1};            // index in the registry once registered
@@ -104,6 +109,14 @@ std::string paramStringByName(const char* name);
   static ::fusco::ParamDesc paramDesc##Name{                             \
       env, ::fusco::ParamType::String, 0, def, 0, 0, nullptr, 0, help};  \
   static ::fusco::ParamRegistrar paramRegistrar##Name{&paramDesc##Name}; \
+  std::string param##Name() { return ::fusco::paramReadString(paramDesc##Name); }
+
+// String parameter whose text the function `ok` (bool(const std::string&)) must accept; `accepted`
+// says what it accepts. A rejected text is warned about and the default used, as for numbers.
+#define FUSCO_PARAM_STRING_CHECKED(Name, env, def, ok, accepted, help)                \
+  static ::fusco::ParamDesc paramDesc##Name{                                          \
+      env, ::fusco::ParamType::String, 0, def, 0, 0, nullptr, 0, help, ok, accepted}; \
+  static ::fusco::ParamRegistrar paramRegistrar##Name{&paramDesc##Name};              \
   std::string param##Name() { return ::fusco::paramReadString(paramDesc##Name); }
 
 // Choice parameter: one of the names in `choices` (a ParamChoice array, case-insensitive), read as

@@ -152,7 +152,7 @@ TEST_F(Params, EveryKnobReadBySourcesIsDeclared) {
     GTEST_SKIP() << "sources not found next to " << __FILE__;
   auto list = fusco::paramList();
   std::regex decl(
-      R"re(FUSCO_PARAM_(?:INT|STRING|CHOICE)\s*\(\s*\w+\s*,\s*(?:[\w:]+\s*,\s*)?"(FUSCO_[A-Z0-9_]+)")re");
+      R"re(FUSCO_PARAM_(?:INT|STRING|STRING_CHECKED|CHOICE)\s*\(\s*\w+\s*,\s*(?:[\w:]+\s*,\s*)?"(FUSCO_[A-Z0-9_]+)")re");
   std::regex use(R"re(getenv\s*\(\s*"(FUSCO_[A-Z0-9_]+)")re");
   std::regex byName(R"re(param(?:Int|String)ByName\s*\()re");
   int files = 0, declared = 0;
