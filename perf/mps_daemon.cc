@@ -75,15 +75,18 @@ int fakeDevices() {
   return v != nullptr && parseInt(v, &n) && n >= 1 ? n : -1;
 }
 
-// Whether a daemon listens on the control socket (a stale file or none: no).
+// Whether a daemon listens on the control socket. The file alone says nothing: a daemon that
+// crashed leaves its socket behind, and connect() to it (or to any file that is no socket) is
+// refused. Non-blocking, so a probe never waits on a listener whose backlog is full (EAGAIN),
+// which is a daemon all the same.
 bool socketAnswers(const std::string& path) {
   sockaddr_un a{};
   if (path.size() >= sizeof(a.sun_path)) return false;
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return false;
   a.sun_family = AF_UNIX;
   memcpy(a.sun_path, path.c_str(), path.size());
-  const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 || errno == EAGAIN;
   close(fd);
   return up;
 }
@@ -319,7 +322,8 @@ bool mpsSetUp(const MpsRequest& req, MpsRun* run, std::string* err) {
   const std::string hook =
       fake >= 1 ? " [test hook FUSCO_PERF_FAKE_DEVICES=" + std::to_string(fake) + "]" : "";
   const std::string pipe = pipeDirInUse();
-  if (cuda && exists(pipe + "/control")) {  // its clients are ours whatever --mps says
+  // A daemon that answers there already: its clients are ours whatever --mps says.
+  if (cuda && socketAnswers(pipe + "/control")) {
     run->kind = "external";
     run->line = "MPS: already running (" + pipe + ")" +
                 (req.mode == MpsMode::Off ? ": --mps off cannot keep the ranks off it" : "") + hook;

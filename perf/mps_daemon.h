@@ -6,7 +6,8 @@
 //   auto: a daemon for this run when the ranks use CUDA memory, are forked by -np, outnumber the
 //         visible devices, nvidia-cuda-mps-control is on PATH and no daemon serves this
 //         environment yet (then that one is used: "external"); else time-sliced, and the line
-//         says why.
+//         says why. A daemon serves when one answers on $CUDA_MPS_PIPE_DIRECTORY/control
+//         (default /tmp/nvidia-mps): a socket file that refuses connections is a crashed one's.
 //   on:   the same without the "outnumber the devices" test, and no daemon is an error (exit 2).
 //   off:  never starts one (one already serving is still reported: the ranks are its clients
 //         whatever --mps says).

@@ -4,14 +4,22 @@
 # also when a rank fails.
 # Usage: perf_mps.sh MOE_PERF ALLTOALL_PERF (the built binaries).
 # No GPU is needed: a fake nvidia-cuda-mps-control first on PATH records its calls (-d: the
-# CUDA_MPS_PIPE_DIRECTORY it saw, and it makes "$CUDA_MPS_PIPE_DIRECTORY/control"; `quit` on
-# stdin: recorded, control removed), and FUSCO_PERF_FAKE_DEVICES=1 (the binaries' test hook) makes
-# the decision see one device and CUDA memory while the ranks run on --mem host.
+# CUDA_MPS_PIPE_DIRECTORY it saw, and a listener on the Unix socket
+# "$CUDA_MPS_PIPE_DIRECTORY/control" as a daemon's; `quit` on stdin: recorded, control removed, so
+# its listener ends), and FUSCO_PERF_FAKE_DEVICES=1 (the binaries' test hook) makes the decision
+# see one device and CUDA memory while the ranks run on --mem host. The listener is python3's
+# (without python3 the test is skipped: exit 77).
 set -uo pipefail
 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY FUSCO_PERF_FAKE_DEVICES FAKE_DEVICES
 MOE=${1:?usage: perf_mps.sh MOE_PERF ALLTOALL_PERF}
 A2A=${2:?usage: perf_mps.sh MOE_PERF ALLTOALL_PERF}
 for b in "$MOE" "$A2A"; do [ -x "$b" ] || { echo "FAIL: no $b"; exit 1; }; done
+# The interpreter itself, not a shim that needs the PATH the runs do not have.
+PY=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) || PY=
+if [ ! -x "$PY" ]; then
+  echo "perf_mps: skipped: no python3 (the fake daemon's control socket needs it)"
+  exit 77
+fi
 T=$(mktemp -d "${TMPDIR:-/tmp}/perf-mps.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 FAILS=0
@@ -27,15 +35,45 @@ expect() {  # WHAT CMD...: ok when CMD succeeds, else a failure
 }
 not() { ! "$@"; }
 
-# ---- the fake control program, alone in its PATH folder
+# ---- a daemon's control socket: listens at PATH until the file is removed (5 minutes at most)
+cat >"$T/listen.py" <<'EOF'
+import os, socket, sys, time
+path = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(16)
+s.settimeout(0.1)
+end = time.time() + 300
+while os.path.exists(path) and time.time() < end:
+    try:
+        s.accept()[0].close()
+    except OSError:
+        pass
+EOF
+# listen PATH: a live daemon's control socket at PATH, there once this returns
+listen() {
+  "$PY" "$T/listen.py" "$1" </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 1 100); do
+    [ -S "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "FAIL: no listener at $1"
+  return 1
+}
+# stale_socket PATH: what a crashed daemon leaves, a socket file that nothing listens on
+stale_socket() { "$PY" -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$1"; }
+
+# ---- the fake control program, alone in its PATH folder (it finds its own tools)
 mkdir -p "$T/path" "$T/empty" "$T/nopipe"
 cat >"$T/path/nvidia-cuda-mps-control" <<'EOF'
 #!/bin/sh
 # Fake MPS control (tests/package/perf_mps.sh): records each call in $FAKE_MPS_LOG.
+PATH=/usr/bin:/bin
 if [ "$1" = "-d" ]; then
   echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >>"$FAKE_MPS_LOG"
   [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && [ -d "$CUDA_MPS_LOG_DIRECTORY" ] || exit 3
-  : >"$CUDA_MPS_PIPE_DIRECTORY/control"
+  # The daemon's control socket, listening until `quit` removes it; `-d` itself returns at once.
+  "$FAKE_PY" "$FAKE_LISTEN" "$CUDA_MPS_PIPE_DIRECTORY/control" </dev/null >/dev/null 2>&1 &
   exit 0
 fi
 read -r cmd
@@ -44,7 +82,7 @@ echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >>"$FAKE_MPS_LOG"
 exit 0
 EOF
 chmod +x "$T/path/nvidia-cuda-mps-control"
-export FAKE_MPS_LOG=$T/calls
+export FAKE_MPS_LOG=$T/calls FAKE_PY=$PY FAKE_LISTEN=$T/listen.py
 
 MOE_ARGS=(-np 2 --tokens 64 --hidden 128 --experts 4 --topk 2 -n 1 -w 0 --mpi-launch off)
 A2A_ARGS=(-np 2 -b 1K -e 4K -n 1 -w 0)
@@ -154,7 +192,7 @@ expect "moe auto, 2 ranks on 2 devices: JSON mps off" json_mps off
 
 # ---- 6. a daemon already serves the environment: auto (and on) use it, start none, stop none
 mkdir -p "$T/ext"
-: >"$T/ext/control"
+listen "$T/ext/control"
 CUDA_MPS_PIPE_DIRECTORY=$T/ext run "$T/path" "$MOE" --mem host "${MOE_ARGS[@]}" -J "$J"
 expect "moe external: exit 0" exited 0
 expect "moe external: no call to the fake ($(calls))" not_called
@@ -166,6 +204,28 @@ CUDA_MPS_PIPE_DIRECTORY=$T/ext run "$T/path" "$A2A" --mem host --mps on "${A2A_A
 expect "alltoall external (on): exit 0" exited 0
 expect "alltoall external (on): no call to the fake ($(calls))" not_called
 expect "alltoall external (on): JSON mps external" json_mps external
+rm -f "$T/ext/control"  # its listener ends
+
+# ---- 6b. a crashed daemon's control socket (nothing listens), or a plain file there, is no
+# daemon: auto starts a private one as in an empty folder, off says --mps off; none is "external"
+mkdir -p "$T/stale" "$T/stalefile"
+stale_socket "$T/stale/control"
+: >"$T/stalefile/control"
+CUDA_MPS_PIPE_DIRECTORY=$T/stale run "$T/path" "$MOE" --mem host "${MOE_ARGS[@]}" -J "$J"
+expect "moe, stale control socket: exit 0" exited 0
+expect "moe, stale control socket: not already running" not said "^MPS: already running"
+private "moe, stale control socket"
+expect "moe, stale control socket: JSON mps private" json_mps private
+CUDA_MPS_PIPE_DIRECTORY=$T/stalefile run "$T/path" "$A2A" --mem host "${A2A_ARGS[@]}" -J "$J"
+expect "alltoall, plain control file: exit 0" exited 0
+expect "alltoall, plain control file: not already running" not said "^MPS: already running"
+private "alltoall, plain control file"
+expect "alltoall, plain control file: JSON mps private" json_mps private
+CUDA_MPS_PIPE_DIRECTORY=$T/stale run "$T/path" "$MOE" --mem host --mps off "${MOE_ARGS[@]}" -J "$J"
+expect "moe off, stale control socket: exit 0" exited 0
+expect "moe off, stale control socket: the line says --mps off" said "^MPS: off (--mps off)"
+expect "moe off, stale control socket: JSON mps off" json_mps off
+expect "moe off, stale control socket: left alone" test -S "$T/stale/control"
 
 # ---- 7. the ranks fail (rank 0 cannot open its -J file): the daemon is stopped all the same
 run "$T/path" "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -J "$T/no/such/dir/x.json"
