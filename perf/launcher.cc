@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "stop_signals.h"
 
 #ifdef FUSCO_HAVE_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only: the C++ bindings need libmpi_cxx
@@ -74,33 +77,57 @@ std::string describeStatus(int rank, int status) {
   return buf;
 }
 
+// How long ranks that were passed a stop signal get to end before they are killed.
+const int kStopGraceMs = 5000;
+
+// Reaps the ranks that ended; *reaped: whether any did. Each failure is reported, except a rank
+// killed by the signal the launcher passed on (stopSig, 0: none). Returns how many failed.
+int reapEnded(std::vector<Child>& kids, size_t* left, int stopSig, bool* reaped) {
+  int failures = 0;
+  for (auto& k : kids) {
+    if (k.done) continue;
+    int status = 0;
+    pid_t r = waitpid(k.pid, &status, WNOHANG);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    k.done = true;
+    --*left;
+    *reaped = true;
+    if (r >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    ++failures;
+    if (stopSig != 0 && r >= 0 && WIFSIGNALED(status) && WTERMSIG(status) == stopSig) continue;
+    fprintf(stderr, "# launcher: %s\n",
+            r < 0 ? errnoText("waitpid").c_str() : describeStatus(k.rank, status).c_str());
+  }
+  return failures;
+}
+
 // Waits for every child. Once one fails the others get failGraceMs to notice (fusco reports a
-// dead peer within its timeout), then they are killed so the launcher never hangs.
+// dead peer within its timeout), then they are killed so the launcher never hangs. A stop signal
+// that this process holds (stop_signals.h) is passed on to the ranks as SIGTERM, so none outlives
+// the launcher; the caller returns 128 + that signal.
 int waitChildren(std::vector<Child>& kids, int failGraceMs) {
   int failures = 0;
   size_t left = kids.size();
   Clock::time_point killAt = Clock::time_point::max();
+  int stopSig = 0;  // the stop signal noted, once passed on
   while (left > 0) {
-    bool reaped = false;
-    for (auto& k : kids) {
-      if (k.done) continue;
-      int status = 0;
-      pid_t r = waitpid(k.pid, &status, WNOHANG);
-      if (r == 0 || (r < 0 && errno == EINTR)) continue;
-      k.done = true;
-      --left;
-      reaped = true;
-      if (r < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "# launcher: %s\n",
-                r < 0 ? errnoText("waitpid").c_str() : describeStatus(k.rank, status).c_str());
-        if (failures++ == 0) killAt = Clock::now() + std::chrono::milliseconds(failGraceMs);
-      }
+    if (stopSig == 0 && (stopSig = stopSignalCaught()) != 0) {
+      fprintf(stderr, "# launcher: got signal %d (%s): sending SIGTERM to the ranks\n", stopSig,
+              strsignal(stopSig));
+      for (auto& k : kids)
+        if (!k.done) kill(k.pid, SIGTERM);  // not reaped yet: the pid is still that rank's
+      killAt = std::min(killAt, Clock::now() + std::chrono::milliseconds(kStopGraceMs));
     }
+    bool reaped = false;
+    const int failed = reapEnded(kids, &left, stopSig == 0 ? 0 : SIGTERM, &reaped);
+    if (failed > 0 && failures == 0 && stopSig == 0)
+      killAt = Clock::now() + std::chrono::milliseconds(failGraceMs);
+    failures += failed;
     if (left > 0 && Clock::now() >= killAt) {
       for (auto& k : kids) {
         if (k.done) continue;
-        fprintf(stderr, "# launcher: rank %d still running %d ms after a failure: killing it\n",
-                k.rank, failGraceMs);
+        fprintf(stderr, "# launcher: rank %d still running %d ms after %s: killing it\n", k.rank,
+                stopSig != 0 ? kStopGraceMs : failGraceMs, stopSig != 0 ? "SIGTERM" : "a failure");
         kill(k.pid, SIGKILL);
       }
       killAt = Clock::time_point::max();
@@ -112,6 +139,7 @@ int waitChildren(std::vector<Child>& kids, int failGraceMs) {
 
 // Runs rank r of a forked launch in this (child) process; returns its exit status.
 int runForkedRank(const LaunchOptions& opts, int r, const fuscoUniqueId& id, const RankBody& body) {
+  stopSignalsInChild();  // a rank ends on a stop signal as any process does
   Launch l;
   l.rank = r;
   l.nranks = opts.np;
@@ -147,8 +175,9 @@ struct IdMessage {
 // Rank 0 is forked first and makes the unique id itself, so the id's root (its listening socket)
 // lives in rank 0 only (fuscoGetUniqueId: the root runs in the calling process); the parent never
 // holds it and needs nothing beyond the public API. Rank 0 hands the id back through a pipe, then
-// the parent forks ranks 1..np-1 with it.
-int runForked(const LaunchOptions& opts, const RankBody& body) {
+// the parent forks ranks 1..np-1 with it. *isRank: this process is a forked rank (it returns
+// through here too).
+int forkRanks(const LaunchOptions& opts, const RankBody& body, bool* isRank) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     fprintf(stderr, "# launcher: %s\n", errnoText("pipe").c_str());
@@ -160,6 +189,8 @@ int runForked(const LaunchOptions& opts, const RankBody& body) {
   std::vector<Child> kids;
   pid_t pid = fork();
   if (pid == 0) {
+    *isRank = true;
+    stopSignalsInChild();
     close(fds[0]);
     IdMessage msg{};
     msg.status = fuscoGetUniqueId(&msg.id);
@@ -187,9 +218,10 @@ int runForked(const LaunchOptions& opts, const RankBody& body) {
     waitChildren(kids, 0);
     return 2;
   }
-  for (int r = 1; r < opts.np; ++r) {
+  // A stop signal meanwhile: no more ranks; waitChildren stops the ones there are.
+  for (int r = 1; r < opts.np && stopSignalCaught() == 0; ++r) {
     pid = fork();
-    if (pid == 0) return runForkedRank(opts, r, msg.id, body);
+    if (pid == 0) return (*isRank = true), runForkedRank(opts, r, msg.id, body);
     if (pid < 0) {
       fprintf(stderr, "# launcher: %s (rank %d of %d)\n", errnoText("fork").c_str(), r, opts.np);
       for (auto& k : kids) kill(k.pid, SIGKILL);
@@ -199,6 +231,18 @@ int runForked(const LaunchOptions& opts, const RankBody& body) {
     kids.push_back(Child{pid, r, false});
   }
   return waitChildren(kids, opts.failGraceMs);
+}
+
+// forkRanks with the stop signals held in this process (stop_signals.h): one sent to it alone
+// (a scheduler's, Popen.terminate()'s SIGTERM) would otherwise end it and leave the ranks running.
+// Returns 128 + the signal when one came.
+int runForked(const LaunchOptions& opts, const RankBody& body) {
+  holdStopSignals();
+  bool isRank = false;
+  const int rc = forkRanks(opts, body, &isRank);
+  if (isRank) return rc;  // its signals are its own (stopSignalsInChild)
+  const int sig = releaseStopSignals();
+  return sig != 0 ? 128 + sig : rc;
 }
 
 // ------------------------------------------------------------------ mode 3: id over TCP

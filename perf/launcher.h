@@ -5,6 +5,9 @@
 //      id's root lives in rank 0, never in this process), hands it back through a pipe, and this
 //      process forks ranks 1..N-1 with it and waits; the parent's result is non-zero if any rank
 //      failed (a crash, a non-zero exit, or a rank still running long after another failed).
+//      While the ranks run this process holds SIGINT, SIGTERM, SIGHUP and SIGPIPE
+//      (stop_signals.h): one sent to it alone is passed on to every rank as SIGTERM, and once
+//      they are gone the result is 128 + the signal. The ranks take the default actions.
 //   2. mpirun (OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE) in a build with MPI: MPI_Init,
 //      rank 0 gets the id and MPI_Bcasts it; MPI_Finalize after the body.
 //   3. torchrun (RANK/WORLD_SIZE), srun (SLURM_PROCID/SLURM_NTASKS) or mpirun without MPI: rank 0

@@ -19,6 +19,7 @@
 
 #include "cuda_mem.h"
 #include "number_args.h"
+#include "stop_signals.h"
 
 extern char** environ;
 
@@ -249,49 +250,6 @@ bool startPrivate(const std::string& control, MpsRun* run, std::string* err) {
   return false;
 }
 
-// Ctrl-C, a timeout's SIGTERM or a closed output pipe would end this process before it stops its
-// daemon, which would outlive the run (folder included). While one runs, this process notes such a
-// signal and carries on (its ranks got theirs and end), stops the daemon, then exits 128 + signal.
-// Forked ranks inherit the handler: there it takes the default action. Only signals left at their
-// default are caught (nohup's ignored SIGHUP stays ignored).
-const int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-const int kNumSignals = sizeof(kSignals) / sizeof(kSignals[0]);
-volatile sig_atomic_t g_owner = 0;   // the pid of the process that started the daemon
-volatile sig_atomic_t g_caught = 0;  // the first signal it noted
-bool g_held[kNumSignals] = {};
-
-void onSignal(int sig) {
-  if (getpid() != g_owner) {  // a forked rank: as if no handler were there
-    signal(sig, SIG_DFL);
-    raise(sig);
-    return;
-  }
-  if (g_caught == 0) g_caught = sig;
-}
-
-void holdSignals() {
-  g_owner = getpid();
-  g_caught = 0;
-  struct sigaction sa {};
-  sa.sa_handler = onSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  for (int i = 0; i < kNumSignals; ++i) {
-    struct sigaction old {};
-    g_held[i] = sigaction(kSignals[i], nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
-                (old.sa_flags & SA_SIGINFO) == 0 && sigaction(kSignals[i], &sa, nullptr) == 0;
-  }
-}
-
-// Back to the default actions; the signal noted meanwhile (0: none).
-int releaseSignals() {
-  for (int i = 0; i < kNumSignals; ++i) {
-    if (g_held[i]) signal(kSignals[i], SIG_DFL);
-    g_held[i] = false;
-  }
-  return g_caught;
-}
-
 // Why the run gets no daemon of its own ("": one is due). fake: the test hook's device count.
 std::string noDaemonReason(const MpsRequest& req, bool cuda, int fake) {
   if (req.mode == MpsMode::Off) return "--mps off";
@@ -375,7 +333,9 @@ int startMps(const char* prog, const MpsRequest& req, MpsRun* run) {
   }
   if (req.np > 0) printf("%s\n", run->line.c_str());  // launcher-started ranks: each would
   fflush(stdout);
-  if (strcmp(run->kind, "private") == 0) holdSignals();
+  // From here a signal that would end this process leaves the daemon running: hold them (noted,
+  // then acted on once the daemon is stopped, stop_signals.h) until stopMps.
+  if (strcmp(run->kind, "private") == 0) holdStopSignals();
   return 0;
 }
 
@@ -386,7 +346,7 @@ int stopMps(const char* prog, MpsRun* run, int status) {
   if (!mpsTearDown(run, &err))
     fprintf(stderr, "%s: stopping the private MPS daemon (%s): %s\n", prog, folder.c_str(),
             err.c_str());
-  const int sig = releaseSignals();
+  const int sig = releaseStopSignals();
   return sig != 0 ? 128 + sig : status;
 }
 

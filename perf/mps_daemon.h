@@ -65,7 +65,8 @@ bool mpsTearDown(MpsRun* run, std::string* err);
 int startMps(const char* prog, const MpsRequest& req, MpsRun* run);
 // For main, after launchRanks (status: its result): mpsTearDown, a warning on stderr when it
 // failed. While a private daemon runs, SIGINT, SIGTERM, SIGHUP and SIGPIPE do not end this process
-// at once: it stops the daemon first. Returns the status to exit with: status, or 128 + signal.
+// at once (stop_signals.h): it stops the daemon first. Returns the status to exit with: status, or
+// 128 + signal.
 int stopMps(const char* prog, MpsRun* run, int status);
 
 // For the header (rank 0): the kind and the pipe directory this rank sees, e.g.

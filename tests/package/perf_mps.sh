@@ -262,6 +262,7 @@ expect "moe auto, daemon fails: the line says why" \
 # does; an interactive Ctrl-C sends SIGINT alike, but a script's background job ignores SIGINT):
 # the parent stops the daemon before it goes, and exits 128 + 15
 : >"$FAKE_MPS_LOG"
+: >"$T/stdout"  # emptied before the run: the last run's MPS line is no sign of this one's
 RC=0
 setsid env PATH="$T/path" FUSCO_PERF_FAKE_DEVICES=1 CUDA_MPS_PIPE_DIRECTORY="$T/nopipe" "$MOE" \
   --mem host --mps on "${MOE_ARGS[@]}" -n 200000 -c 0 >"$T/stdout" 2>"$T/stderr" &
@@ -276,6 +277,52 @@ kill -TERM -- "-$PID" 2>/dev/null
 wait "$PID" || RC=$?
 expect "moe stopped: exit 143" exited 143
 private "moe stopped"
+
+# ---- 9b. SIGTERM to the parent alone (Popen.terminate() and job schedulers send it so), with and
+# without a daemon: the parent sends SIGTERM to its ranks, stops its daemon, and exits 143 within
+# seconds; none of its ranks runs on
+alive() {  # PID: it has not ended (a zombie has)
+  local st
+  st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  case $st in Z*) return 1 ;; *) return 0 ;; esac
+}
+# stop_parent WHAT BIN ARGS...: a long -np 2 run in a process group of its own; once rank 0's
+# header is out and both ranks are found, SIGTERM to the parent's pid alone; checks the parent's exit and that both ranks
+# ended, then kills whatever of the group is left. Sets RC.
+stop_parent() {
+  local what=$1 bin=$2 ranks=() n=0 p
+  shift 2
+  : >"$FAKE_MPS_LOG"
+  : >"$T/stdout"  # emptied before the run: the last run's header is no sign of this one's
+  RC=0
+  setsid env PATH="$T/path" FUSCO_PERF_FAKE_DEVICES=1 CUDA_MPS_PIPE_DIRECTORY="$T/nopipe" "$bin" \
+    "$@" >"$T/stdout" 2>"$T/stderr" &
+  local pid=$!
+  for _ in $(seq 1 600); do
+    mapfile -t ranks < <(pgrep -P "$pid" -x "$(basename "$bin")")
+    grep -q "^# fusco" "$T/stdout" && [ "${#ranks[@]}" = 2 ] && break
+    sleep 0.1
+  done
+  expect "$what: its 2 ranks run (${ranks[*]})" [ "${#ranks[@]}" = 2 ]
+  kill -TERM "$pid"
+  while alive "$pid" && [ $n -lt 100 ]; do
+    sleep 0.1
+    n=$((n + 1))
+  done
+  expect "$what: the parent ended within 10 s" not alive "$pid"
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" || RC=$?
+  expect "$what: exit 143" exited 143
+  for p in "${ranks[@]}"; do expect "$what: rank pid $p ended" not alive "$p"; done
+  kill -KILL -- "-$pid" 2>/dev/null  # what survived (a failed check)
+}
+stop_parent "moe, SIGTERM to the parent alone" "$MOE" --mem host --mps off "${MOE_ARGS[@]}" \
+  -n 200000 -c 0
+stop_parent "moe with a daemon, SIGTERM to the parent alone" "$MOE" --mem host --mps on \
+  "${MOE_ARGS[@]}" -n 200000 -c 0
+private "moe with a daemon, SIGTERM to the parent alone"
+stop_parent "alltoall, SIGTERM to the parent alone" "$A2A" --mem host --mps off "${A2A_ARGS[@]}" \
+  -n 200000 -c 0
 
 # ---- 10. a bad value is refused
 run "$T/path" "$MOE" --mps maybe "${MOE_ARGS[@]}"
