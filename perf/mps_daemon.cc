@@ -326,17 +326,19 @@ bool mpsTearDown(MpsRun* run, std::string* err) {
 }
 
 int startMps(const char* prog, const MpsRequest& req, MpsRun* run) {
+  // Held (stop_signals.h) from before the private folder is made until stopMps: a signal while
+  // the daemon starts or runs would end this process and leave the folder in /tmp, and the daemon
+  // once it is up. One noted during the start stops the run once the start is over.
+  holdStopSignals();
   std::string err;
-  if (!mpsSetUp(req, run, &err)) {
-    fprintf(stderr, "%s: %s\n", prog, err.c_str());
-    return 2;
-  }
-  if (req.np > 0) printf("%s\n", run->line.c_str());  // launcher-started ranks: each would
+  const bool ok = mpsSetUp(req, run, &err);
+  if (!ok) fprintf(stderr, "%s: %s\n", prog, err.c_str());
+  if (ok && req.np > 0) printf("%s\n", run->line.c_str());  // launcher-started ranks: each would
   fflush(stdout);
-  // From here a signal that would end this process leaves the daemon running: hold them (noted,
-  // then acted on once the daemon is stopped, stop_signals.h) until stopMps.
-  if (strcmp(run->kind, "private") == 0) holdStopSignals();
-  return 0;
+  if (ok && strcmp(run->kind, "private") == 0)  // 128 + the signal, the daemon stopped
+    return stopSignalCaught() != 0 ? stopMps(prog, run, 0) : 0;
+  const int sig = releaseStopSignals();  // no daemon to stop: nothing more to hold them for
+  return sig != 0 ? 128 + sig : ok ? 0 : 2;
 }
 
 int stopMps(const char* prog, MpsRun* run, int status) {

@@ -61,7 +61,9 @@ bool mpsSetUp(const MpsRequest& req, MpsRun* run, std::string* err);
 // rank. False with *err when it did not go cleanly (the folder is removed all the same).
 bool mpsTearDown(MpsRun* run, std::string* err);
 
-// For main: mpsSetUp, then the line on stdout or `prog: error` on stderr. Returns 0 to run, 2.
+// For main: mpsSetUp, then the line on stdout or `prog: error` on stderr. Returns 0 to run, 2, or
+// 128 + a stop signal that came during the start (stop_signals.h; a private daemon is then
+// stopped and its folder removed before this returns).
 int startMps(const char* prog, const MpsRequest& req, MpsRun* run);
 // For main, after launchRanks (status: its result): mpsTearDown, a warning on stderr when it
 // failed. While a private daemon runs, SIGINT, SIGTERM, SIGHUP and SIGPIPE do not end this process

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # package.perf_mps: moe_perf and alltoall_perf's --mps auto|on|off start a private MPS daemon for
 # -np ranks that share a GPU, say so (a line, the header, the JSON's "mps"), and stop it at the end,
-# also when a rank fails.
+# also when a rank fails; a SIGTERM to the parent alone stops its ranks and its daemon (also one
+# that is still starting) and removes the daemon's folder.
 # Usage: perf_mps.sh MOE_PERF ALLTOALL_PERF (the built binaries).
 # No GPU is needed: a fake nvidia-cuda-mps-control first on PATH records its calls (-d: the
 # CUDA_MPS_PIPE_DIRECTORY it saw, and a listener on the Unix socket
@@ -71,6 +72,7 @@ cat >"$T/path/nvidia-cuda-mps-control" <<'EOF'
 PATH=/usr/bin:/bin
 if [ "$1" = "-d" ]; then
   echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >>"$FAKE_MPS_LOG"
+  [ -z "${FAKE_MPS_START_S:-}" ] || sleep "$FAKE_MPS_START_S"  # a daemon slow to start
   [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && [ -d "$CUDA_MPS_LOG_DIRECTORY" ] || exit 3
   # The daemon's control socket, listening until `quit` removes it; `-d` itself returns at once.
   "$FAKE_PY" "$FAKE_LISTEN" "$CUDA_MPS_PIPE_DIRECTORY/control" </dev/null >/dev/null 2>&1 &
@@ -286,11 +288,19 @@ alive() {  # PID: it has not ended (a zombie has)
   st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
   case $st in Z*) return 1 ;; *) return 0 ;; esac
 }
+ends_within() {  # PID SECONDS: PID ends within SECONDS
+  local n=0
+  while alive "$1" && [ $n -lt $(($2 * 10)) ]; do
+    sleep 0.1
+    n=$((n + 1))
+  done
+  not alive "$1"
+}
 # stop_parent WHAT BIN ARGS...: a long -np 2 run in a process group of its own; once rank 0's
 # header is out and both ranks are found, SIGTERM to the parent's pid alone; checks the parent's exit and that both ranks
 # ended, then kills whatever of the group is left. Sets RC.
 stop_parent() {
-  local what=$1 bin=$2 ranks=() n=0 p
+  local what=$1 bin=$2 ranks=() p
   shift 2
   : >"$FAKE_MPS_LOG"
   : >"$T/stdout"  # emptied before the run: the last run's header is no sign of this one's
@@ -305,11 +315,7 @@ stop_parent() {
   done
   expect "$what: its 2 ranks run (${ranks[*]})" [ "${#ranks[@]}" = 2 ]
   kill -TERM "$pid"
-  while alive "$pid" && [ $n -lt 100 ]; do
-    sleep 0.1
-    n=$((n + 1))
-  done
-  expect "$what: the parent ended within 10 s" not alive "$pid"
+  expect "$what: the parent ended within 10 s" ends_within "$pid" 10
   kill -KILL "$pid" 2>/dev/null
   wait "$pid" || RC=$?
   expect "$what: exit 143" exited 143
@@ -323,6 +329,29 @@ stop_parent "moe with a daemon, SIGTERM to the parent alone" "$MOE" --mem host -
 private "moe with a daemon, SIGTERM to the parent alone"
 stop_parent "alltoall, SIGTERM to the parent alone" "$A2A" --mem host --mps off "${A2A_ARGS[@]}" \
   -n 200000 -c 0
+
+# ---- 9c. SIGTERM to the parent while its daemon starts (a `-d` that takes 3 s): the daemon is
+# stopped once up and its /tmp/fusco-mps.* folder removed, no rank runs, exit 143
+rm -f "$J"
+: >"$FAKE_MPS_LOG"
+RC=0
+setsid env PATH="$T/path" FUSCO_PERF_FAKE_DEVICES=1 CUDA_MPS_PIPE_DIRECTORY="$T/nopipe" \
+  FAKE_MPS_START_S=3 "$MOE" --mem host --mps on "${MOE_ARGS[@]}" -J "$J" >"$T/stdout" \
+  2>"$T/stderr" &
+PID=$!
+for _ in $(seq 1 600); do
+  grep -q "^start " "$FAKE_MPS_LOG" && break
+  sleep 0.1
+done
+sleep 0.5  # in the fake's sleep
+kill -TERM "$PID"
+expect "moe stopped while its daemon starts: the parent ended within 15 s" ends_within "$PID" 15
+kill -KILL "$PID" 2>/dev/null
+wait "$PID" || RC=$?
+expect "moe stopped while its daemon starts: exit 143" exited 143
+private "moe stopped while its daemon starts" no-header
+expect "moe stopped while its daemon starts: no rank ran" no_json
+kill -KILL -- "-$PID" 2>/dev/null  # what survived (a failed check)
 
 # ---- 10. a bad value is refused
 run "$T/path" "$MOE" --mps maybe "${MOE_ARGS[@]}"
