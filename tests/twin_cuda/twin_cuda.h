@@ -1,0 +1,58 @@
+// The twin CUDA runtime's own C++ API (tests/twin_cuda/README.md): what the host twin of a kernel
+// uses to put itself on a stream, and what a test harness reads back.
+//
+// libfusco_twin_cudart implements the CUDA runtime's C ABI on CPU threads. A program compiled
+// against the toolkit's headers links it instead of cudart; its kernels are host functions
+// registered here, launched either through cudaLaunchKernelExC (a registered ExLauncher) or
+// directly through twincuda::launch with the byte ranges they touch, so every access is checked
+// against the memory this process may touch (T3).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace twincuda {
+
+// A byte range a kernel reads or writes.
+struct Range {
+  const void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// Launches a registered kernel from cudaLaunchKernelExC's arguments (the kernel's parameters, as
+// the CUDA runtime passes them): the launcher copies what it needs and calls twincuda::launch.
+using ExLauncher = cudaError_t (*)(const cudaLaunchConfig_t* config, void** args);
+
+// Registers a kernel of the twin. [in] fn: its identity (the address cudaFuncGetAttributes,
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor and cudaLaunchKernelExC take); [in] name: named in
+// messages; [in] ex: optional, for cudaLaunchKernelExC. Registering twice keeps the first name.
+void registerKernel(const void* fn, const char* name, ExLauncher ex = nullptr);
+
+// One kernel launch: the body runs on a CPU thread when the stream reaches it, after its ranges
+// are checked (a miss is an illegal address: the body does not run).
+struct Launch {
+  const void* kernel = nullptr;  // registered identity
+  cudaStream_t stream = nullptr;
+  std::vector<Range> reads;
+  std::vector<Range> writes;
+  std::function<void()> body;
+  std::string what;  // shown in messages after the kernel's name (optional)
+};
+
+// Enqueues a launch; returns once it is enqueued (or recorded, under stream capture), as a kernel
+// launch does. Refuses (cudaErrorInvalidDeviceFunction, with a message naming it) a kernel that
+// is not registered, or not loaded under FUSCO_TWIN_LAZY_LOADING=1 (the default).
+cudaError_t launch(Launch l);
+
+// Counters a harness fails a test on.
+uint64_t illegalAddressCount();  // T3 misses (each also printed)
+uint64_t syncLimitCount();       // setup calls that waited past FUSCO_TWIN_SYNC_LIMIT_MS (T4)
+uint64_t refusedLaunchCount();   // launches of kernels never loaded (T4)
+uint64_t revokedMappingCount();  // IPC mappings taken away because their owner exited (T5)
+
+}  // namespace twincuda

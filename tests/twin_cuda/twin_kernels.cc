@@ -1,0 +1,152 @@
+// Kernels of the twin: a registry, loading, and launches (T3, T4).
+//
+// CUDA programming guide, "Lazy Loading": with lazy loading (the default since CUDA 12.2) a
+// kernel's module is loaded at its first use (first launch, or first cudaFuncGetAttributes,
+// cudaFuncSetAttribute or occupancy query), and loading "may require context synchronization",
+// i.e. waits for the device ("Potential Hazards"). The twin makes the first query of a kernel wait
+// for every stream (T4), and under FUSCO_TWIN_LAZY_LOADING=1 (the default) refuses to launch a
+// kernel nobody loaded, since a first launch that loads can deadlock behind a stream wait.
+// With FUSCO_TWIN_LAZY_LOADING=0 a first launch loads, waiting for the device, as CUDA does.
+#include <cstring>
+#include <unordered_map>
+
+#include "twin_internal.h"
+
+namespace twincuda {
+namespace detail {
+namespace {
+
+struct Kernel {
+  std::string name;
+  ExLauncher ex = nullptr;
+  bool loaded = false;
+};
+
+std::mutex gKernelsMu;
+std::unordered_map<const void*, Kernel>& kernels() {
+  static auto* m = new std::unordered_map<const void*, Kernel>;
+  return *m;
+}
+
+bool lookup(const void* fn, Kernel* out) {
+  std::lock_guard<std::mutex> g(gKernelsMu);
+  auto it = kernels().find(fn);
+  if (it == kernels().end()) return false;
+  *out = it->second;
+  return true;
+}
+
+// Whether fn may be launched now: registered, and loaded (or loadable here).
+cudaError_t admit(const void* fn, Kernel* k) {
+  if (!lookup(fn, k)) {
+    report("launch of %s: not a kernel registered with the twin", fmtPtr(fn).c_str());
+    return fail(cudaErrorInvalidDeviceFunction);
+  }
+  if (k->loaded) return cudaSuccess;
+  if (knob("FUSCO_TWIN_LAZY_LOADING", 1) != 0) {
+    noteRefusedLaunch();
+    report(
+        "kernel %s launched before it was loaded (no cudaFuncGetAttributes on it first): "
+        "refused, since under lazy loading its first launch may wait for the device "
+        "(FUSCO_TWIN_LAZY_LOADING=1)",
+        k->name.c_str());
+    return fail(cudaErrorInvalidDeviceFunction);
+  }
+  return loadKernel(fn, ("the first launch of kernel " + k->name).c_str());
+}
+
+}  // namespace
+
+cudaError_t loadKernel(const void* fn, const char* call) {
+  Kernel k;
+  if (!lookup(fn, &k)) return fail(cudaErrorInvalidDeviceFunction);
+  if (k.loaded) return cudaSuccess;
+  const cudaError_t e = waitIdle(call);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> g(gKernelsMu);
+  kernels()[fn].loaded = true;
+  return cudaSuccess;
+}
+
+}  // namespace detail
+
+void registerKernel(const void* fn, const char* name, ExLauncher ex) {
+  std::lock_guard<std::mutex> g(detail::gKernelsMu);
+  auto& k = detail::kernels()[fn];
+  if (k.name.empty()) {
+    k.name = name ? name : detail::fmtPtr(fn);
+    k.ex = ex;
+  }
+}
+
+cudaError_t launch(Launch l) {
+  TWIN_ENTER();
+  detail::Kernel k;
+  const cudaError_t a = detail::admit(l.kernel, &k);
+  if (a != cudaSuccess) return a;
+  detail::Stream* s = detail::findStream(l.stream);
+  if (s == nullptr) return detail::fail(cudaErrorInvalidResourceHandle);
+  auto it = std::make_shared<detail::Item>();
+  it->desc = "kernel " + k.name + (l.what.empty() ? "" : " (" + l.what + ")");
+  it->work = true;
+  for (const Range& r : l.reads)
+    it->accesses.push_back(detail::Access{r.ptr, r.bytes, false, true});
+  for (const Range& r : l.writes)
+    it->accesses.push_back(detail::Access{r.ptr, r.bytes, true, true});
+  it->run = std::move(l.body);
+  return detail::fail(detail::submit(s, std::move(it)));
+}
+
+}  // namespace twincuda
+
+using namespace twincuda::detail;
+
+extern "C" {
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  TWIN_ENTER();
+  if (attr == nullptr) return fail(cudaErrorInvalidValue);
+  Kernel k;
+  if (!lookup(func, &k)) return fail(cudaErrorInvalidDeviceFunction);
+  const cudaError_t e = loadKernel(func, ("cudaFuncGetAttributes(" + k.name + ")").c_str());
+  if (e != cudaSuccess) return e;
+  std::memset(attr, 0, sizeof *attr);
+  attr->maxThreadsPerBlock = 1024;
+  attr->numRegs = 32;
+  attr->binaryVersion = 90;
+  attr->ptxVersion = 90;
+  attr->maxDynamicSharedSizeBytes = 48 << 10;
+  return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const void* func,
+                                                          int blockSize, size_t dynamicSMemSize) {
+  TWIN_ENTER();
+  if (numBlocks == nullptr || blockSize <= 0 || blockSize > 1024)
+    return fail(cudaErrorInvalidValue);
+  Kernel k;
+  if (!lookup(func, &k)) return fail(cudaErrorInvalidDeviceFunction);
+  const cudaError_t e =
+      loadKernel(func, ("cudaOccupancyMaxActiveBlocksPerMultiprocessor(" + k.name + ")").c_str());
+  if (e != cudaSuccess) return e;
+  // A multiprocessor of compute capability 9.0 holds 2048 threads and 32 blocks.
+  int n = 2048 / blockSize;
+  *numBlocks = n > 32 ? 32 : n;
+  return cudaSuccess;
+}
+
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  TWIN_ENTER();
+  if (config == nullptr) return fail(cudaErrorInvalidValue);
+  Kernel k;
+  const cudaError_t a = admit(func, &k);
+  if (a != cudaSuccess) return a;
+  if (k.ex == nullptr) {
+    report("cudaLaunchKernelExC: kernel %s has no launcher registered with the twin",
+           k.name.c_str());
+    return fail(cudaErrorInvalidDeviceFunction);
+  }
+  return k.ex(config, args);
+}
+
+}  // extern "C"
