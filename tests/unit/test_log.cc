@@ -21,42 +21,16 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
-TEST(Log, AlwaysLinesIgnoreTheLevelAndTheMask) {
-  char tmpl[] = "/tmp/fusco_log_XXXXXX";
-  int fd = mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  fusco::paramSetOverride("FUSCO_DEBUG_FILE", tmpl);
-  fusco::paramSetOverride("FUSCO_DEBUG", "NONE");
-  fusco::paramSetOverride("FUSCO_DEBUG_SUBSYS", "^PLAN");
-  fusco::logConfigure();
-  FUSCO_INFO(fusco::kPlan, "filtered %d", 1);
-  FUSCO_WARN(fusco::kPlan, "filtered %d", 2);
-  FUSCO_LOG_ALWAYS(fusco::LogLevel::Info, fusco::kPlan, "plan rank %d: forced", 3);
-  fusco::paramClearOverride("FUSCO_DEBUG_SUBSYS");
-  fusco::paramClearOverride("FUSCO_DEBUG");
-  fusco::paramClearOverride("FUSCO_DEBUG_FILE");
-  fusco::logConfigure();
-  const std::string text = readFile(tmpl);
-  unlink(tmpl);
-  EXPECT_EQ(text.find("filtered"), std::string::npos) << text;
-  EXPECT_NE(text.find(" FUSCO INFO PLAN "), std::string::npos) << text;
-  EXPECT_NE(text.find("plan rank 3: forced"), std::string::npos) << text;
-}
-
-}  // namespace
-
-namespace {
-
-// Logs through FUSCO_DEBUG_SUBSYS=subsys at WARN into a file; returns the file's text.
-std::string logWith(const char* subsys, const std::function<void()>& body) {
+// Runs body with the log at FUSCO_DEBUG=level and FUSCO_DEBUG_SUBSYS=subsys into a file of its
+// own (set first, so a warning about subsys lands there too); returns the file's text.
+std::string logWith(const char* level, const char* subsys, const std::function<void()>& body) {
   char tmpl[] = "/tmp/fusco_log_XXXXXX";
   int fd = mkstemp(tmpl);
   EXPECT_GE(fd, 0);
   close(fd);
   fusco::paramSetOverride("FUSCO_DEBUG_FILE", tmpl);
-  fusco::paramSetOverride("FUSCO_DEBUG", "WARN");
-  fusco::logConfigure();  // the file first, so the warning about subsys lands there too
+  fusco::paramSetOverride("FUSCO_DEBUG", level);
+  fusco::logConfigure();
   fusco::paramSetOverride("FUSCO_DEBUG_SUBSYS", subsys);
   fusco::logConfigure();
   body();
@@ -69,6 +43,17 @@ std::string logWith(const char* subsys, const std::function<void()>& body) {
   return text;
 }
 
+TEST(Log, AlwaysLinesIgnoreTheLevelAndTheMask) {
+  const std::string text = logWith("NONE", "^PLAN", [] {
+    FUSCO_INFO(fusco::kPlan, "filtered %d", 1);
+    FUSCO_WARN(fusco::kPlan, "filtered %d", 2);
+    FUSCO_LOG_ALWAYS(fusco::LogLevel::Info, fusco::kPlan, "plan rank %d: forced", 3);
+  });
+  EXPECT_EQ(text.find("filtered"), std::string::npos) << text;
+  EXPECT_NE(text.find(" FUSCO INFO PLAN "), std::string::npos) << text;
+  EXPECT_NE(text.find("plan rank 3: forced"), std::string::npos) << text;
+}
+
 const fusco::ParamInfo* subsysInfo(const std::vector<fusco::ParamInfo>& all) {
   for (const auto& p : all)
     if (p.name == std::string("FUSCO_DEBUG_SUBSYS")) return &p;
@@ -79,7 +64,7 @@ const fusco::ParamInfo* subsysInfo(const std::vector<fusco::ParamInfo>& all) {
 // every warning on: a dead peer's warning must not vanish because a subsystem name was misspelt.
 TEST(Log, AnUnknownSubsystemIsWarnedAboutAndKeepsEveryWarning) {
   std::vector<fusco::ParamInfo> params;
-  const std::string text = logWith("INIT,TIEM", [&] {
+  const std::string text = logWith("WARN", "INIT,TIEM", [&] {
     params = fusco::paramList();
     FUSCO_WARN(fusco::kEngine, "rank %d died (test)", 3);
   });
@@ -94,7 +79,7 @@ TEST(Log, AnUnknownSubsystemIsWarnedAboutAndKeepsEveryWarning) {
 // A subsystem list filters INFO lines only: warnings of other subsystems still print.
 TEST(Log, ASubsystemListFiltersInfoLinesButNotWarnings) {
   std::vector<fusco::ParamInfo> params;
-  const std::string text = logWith("time", [&] {
+  const std::string text = logWith("WARN", "time", [&] {
     params = fusco::paramList();
     FUSCO_WARN(fusco::kUcx, "peer gone (test %d)", 1);
   });
