@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "fusco.h"
@@ -33,6 +34,14 @@ struct DevCopyTask {
   uint64_t totalBytes = 0;
 };
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>& tasks, void* stream);
+
+// The copy kernel's host twin: one task, row by row as the kernel does it. beat (may be null) is
+// raised after every MiB copied, so a large row keeps showing progress. check, when given, sees
+// each source (write false) and destination (write true) range before it is touched; a false
+// stops the task there, and the result is false.
+using CopyRangeCheck = std::function<bool(const void* ptr, uint64_t bytes, bool write)>;
+bool hostCopyTask(const DevCopyTask& t, volatile uint32_t* beat,
+                  const CopyRangeCheck* check = nullptr);
 
 // Deferred copies: a block of batches in memory the device reads (pinned and mapped), filled by
 // the host later (deviceFillCopyBatches) and read by the kernel when the stream reaches it; the

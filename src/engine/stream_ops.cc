@@ -17,6 +17,7 @@
 #include "core/result.h"
 #include "core/seq_compare.h"
 #include "device/cuda_rt.h"
+#include "device/row_copy.h"
 
 namespace fusco {
 
@@ -65,32 +66,6 @@ struct TwinBatch {
   uint64_t n;
   DevCopyTask t[kTwinBatch];
 };
-
-// A copy in pieces of 1 MiB, the beat raised after each: a large row keeps showing progress.
-void copyBeating(char* d, const char* s, uint64_t len, volatile uint32_t* beat) {
-  constexpr uint64_t kPiece = uint64_t{1} << 20;
-  for (uint64_t at = 0; at < len; at += kPiece) {
-    std::memcpy(d + at, s + at, std::min(kPiece, len - at));
-    if (beat != nullptr) *beat = *beat + 1;
-  }
-}
-
-// One copy task on the host, as the copy kernel does it (device_ops.h, DevCopyTask).
-void runTask(const DevCopyTask& t, volatile uint32_t* beat) {
-  for (uint64_t i = 0; i < t.nrows; ++i) {
-    const uint64_t off = i * t.rowBytes;
-    if (off >= t.totalBytes) break;
-    const uint64_t len = std::min<uint64_t>(t.rowBytes, t.totalBytes - off);
-    const char* s = t.src + (t.srcRows ? static_cast<uint64_t>(t.srcRows[i]) * t.rowBytes : off);
-    if (t.fanStart == nullptr) {
-      char* d = t.dst + (t.dstRows ? static_cast<uint64_t>(t.dstRows[i]) * t.rowBytes : off);
-      copyBeating(d, s, len, beat);
-      continue;
-    }
-    for (uint32_t f = t.fanStart[i]; f < t.fanStart[i + 1]; ++f)
-      copyBeating(t.dst + static_cast<uint64_t>(t.fanRows[f]) * t.rowBytes, s, len, beat);
-  }
-}
 
 bool reached(const void* addr, uint32_t value) {
   return seqReached(*static_cast<const volatile uint32_t*>(addr), value);
@@ -172,7 +147,7 @@ class HostOps : public StreamOps {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       for (size_t i = 0; i < slots; ++i)
         for (uint64_t k = 0; k < b[i].n && k < kTwinBatch; ++k) {
-          runTask(b[i].t[k], beat);
+          hostCopyTask(b[i].t[k], beat);
           if (beat != nullptr) *beat = *beat + 1;
         }
       return true;
