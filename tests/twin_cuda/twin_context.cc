@@ -63,7 +63,22 @@ void setSticky(cudaError_t e) {
   gSticky.compare_exchange_strong(none, e);
 }
 
+// The twin's one device, unless CUDA_VISIBLE_DEVICES hides it: the programming guide's
+// environment variables ("CUDA_VISIBLE_DEVICES"): the devices listed are visible, enumeration
+// stops at the first invalid index, and an empty list or -1 leaves none (every call then fails
+// with cudaErrorNoDevice, as the runtime does when it finds no device).
+int visibleDevices() {
+  static const int n = [] {
+    const char* v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v == nullptr) return 1;
+    while (*v == ' ') ++v;
+    return (v[0] == '0' && (v[1] == '\0' || v[1] == ',')) ? 1 : 0;
+  }();
+  return n;
+}
+
 cudaError_t enter() {
+  if (visibleDevices() == 0) return fail(cudaErrorNoDevice);
   // "Sticky" errors (CUDA runtime API, cudaGetLastError; programming guide, error checking): a
   // fault leaves the context unusable, and every later call of the process returns the error.
   const cudaError_t s = stickyError();
@@ -170,8 +185,8 @@ cudaError_t cudaPeekAtLastError(void) {
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return fail(cudaErrorInvalidValue);
-  *count = 1;
-  return cudaSuccess;
+  *count = visibleDevices();
+  return *count > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 
 cudaError_t cudaSetDevice(int device) {

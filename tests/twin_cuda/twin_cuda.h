@@ -49,6 +49,12 @@ struct Launch {
 // is not registered, or not loaded under FUSCO_TWIN_LAZY_LOADING=1 (the default).
 cudaError_t launch(Launch l);
 
+// Inside a launch's body: an access the kernel decides on only when it runs (addresses read from
+// memory the host fills after the launch: a deferred copy's tasks, a sum's bases). It is checked
+// as a range given at launch would be (a miss is printed, counted and sticky); the body must stop
+// touching memory once it returns false.
+bool checkAccess(const void* ptr, size_t bytes, bool write, const char* what);
+
 // Counters a harness fails a test on.
 uint64_t illegalAddressCount();  // T3 misses (each also printed)
 uint64_t syncLimitCount();       // setup calls that waited past FUSCO_TWIN_SYNC_LIMIT_MS (T4)

@@ -135,6 +135,17 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const 
   return cudaSuccess;
 }
 
+// What cuda_runtime.h's template of the call above reaches (flags: cudaOccupancyDefault or
+// cudaOccupancyDisableCachingOverride, neither of which changes the twin's answer).
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, const void* func,
+                                                                   int blockSize,
+                                                                   size_t dynamicSMemSize,
+                                                                   unsigned int flags) {
+  if ((flags & ~static_cast<unsigned>(cudaOccupancyDisableCachingOverride)) != 0)
+    return fail(cudaErrorInvalidValue);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, func, blockSize, dynamicSMemSize);
+}
+
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
   TWIN_ENTER();
   if (config == nullptr) return fail(cudaErrorInvalidValue);

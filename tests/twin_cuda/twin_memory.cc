@@ -135,6 +135,11 @@ bool checkAccesses(const std::vector<Access>& accesses, const std::string& item)
 
 }  // namespace detail
 
+bool checkAccess(const void* ptr, size_t bytes, bool write, const char* what) {
+  // The body runs inside its item, which holds the mappings already (execute()).
+  return detail::checkAccesses({detail::Access{ptr, bytes, write, true}}, what);
+}
+
 uint64_t illegalAddressCount() { return detail::gIllegal.load(); }
 uint64_t syncLimitCount() { return detail::gSyncLimit.load(); }
 uint64_t refusedLaunchCount() { return detail::gRefused.load(); }
