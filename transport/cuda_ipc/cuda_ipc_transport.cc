@@ -86,6 +86,7 @@ struct Region {
 };
 
 struct IpcPeer {
+  bool mine = false;  // handed to this transport at setup: a rank of this node
   bool connected = false;
   PeerInfo info;
   Page page;
@@ -240,6 +241,8 @@ fuscoResult_t ipcSetupInto(IpcComm* c, const TransportContext& ctx, const std::v
     c->peers[r].info = (*ctx.peers)[r];
     c->localRank[r] = ctx.nodes != nullptr ? ctx.nodes->localRankOf[r] : r;
   }
+  for (int r : peers)
+    if (r >= 0 && r < ctx.nranks) c->peers[r].mine = true;
   TransportContext hostCtx = ctx;
   hostCtx.memType = fuscoMemHost;
   std::string shmBlob;
@@ -287,7 +290,10 @@ fuscoResult_t ipcConnectInto(IpcComm* c, const std::vector<std::string>& blobs) 
   FUSCO_CHECK(kShmTransport.connect(c->shm, shmBlobs));
   for (size_t r = 0; r < blobs.size(); ++r) {
     IpcPeer& p = c->peers[r];
-    if (blobs[r].empty() || static_cast<int>(r) == c->rank || p.connected) continue;
+    // Only this node's ranks: other nodes publish pages too (their own cuda_ipc), and local
+    // indices repeat on every node, so mapping theirs would mark this rank's regions mapped by a
+    // rank of another node (docs/DESIGN.md, "The third rule": class D).
+    if (blobs[r].empty() || static_cast<int>(r) == c->rank || !p.mine || p.connected) continue;
     if (p.info.pid != 0 && pages[r].pid != p.info.pid)
       return FUSCO_FAIL(fuscoRemoteError, kIpc,
                         "cuda_ipc: rank %zu published a page of pid %d, not of its pid %d", r,
