@@ -27,7 +27,11 @@ endif()
 fusco_option_check(FUSCO_MPI FUSCO_HAVE_MPI "MPI (libopenmpi-dev)")
 
 set(FUSCO_HAVE_CUDA OFF)
-if(NOT FUSCO_CUDA STREQUAL "OFF")
+if(FUSCO_TWIN_CUDA)
+  # The toolkit's headers only: the twin CUDA runtime stands in for the runtime and the kernels.
+  find_package(CUDAToolkit REQUIRED)
+  set(FUSCO_HAVE_CUDA ON)
+elseif(NOT FUSCO_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
