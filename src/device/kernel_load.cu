@@ -67,6 +67,13 @@ void deviceSetShare(int device, int ranks) {
 
 bool deviceKernelsLoaded() { return usableSms() > 0; }
 
+fuscoResult_t deviceLoadKernelsHere() {
+  if (deviceKernelsLoaded()) return fuscoSuccess;
+  int device = 0;
+  FUSCO_CUDACHECK(cudaGetDevice(&device), kInit);
+  return deviceLoadKernels(device);
+}
+
 fuscoResult_t deviceLoadKernels(int device) {
   if (device < 0 || device >= kMaxDevices)
     return FUSCO_FAIL(fuscoInvalidArgument, kInit, "CUDA device %d: at most %d devices", device,

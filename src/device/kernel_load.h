@@ -19,6 +19,9 @@ namespace fusco {
 fuscoResult_t deviceLoadKernels(int device);
 // Whether deviceLoadKernels ran on the calling thread's current device.
 bool deviceKernelsLoaded();
+// deviceLoadKernels on the calling thread's current device unless it ran there: what a kernel
+// used without a communicator (the GPU planner's steps alone) calls before its first launch.
+fuscoResult_t deviceLoadKernelsHere();
 // `ranks` ranks (processes) share `device`, as the device UUIDs exchanged at a communicator's init
 // tell: every kernel grid of this process on it is capped at 1/ranks of its multiprocessors (and
 // FUSCO_CUDA_SMS), so the co-located ranks' spinning grids fit on the GPU together. The largest

@@ -128,50 +128,40 @@ fuscoResult_t loadPlanKernels(KernelLoader& l) {
   return l.load(forEachKernel<gplan::ResetBadSlot>, kStepThreads, &gPlanStep);
 }
 
-namespace {
-
 // The planner also runs without a communicator (a caller of the steps alone): its first use on a
-// device then loads every kernel (the device init), as a communicator's init would. Loading may
-// wait for the device, so it is refused by the guard while an operation of the process waits.
-fuscoResult_t planKernelsReady() {
-  if (deviceKernelsLoaded()) return fuscoSuccess;
-  int device = 0;
-  FUSCO_CUDACHECK(cudaGetDevice(&device), kPlan);
-  return deviceLoadKernels(device);
-}
-
-}  // namespace
+// device then loads every kernel (deviceLoadKernelsHere), as a communicator's init would. Loading
+// may wait for the device, so it is refused by the guard while an operation of the process waits.
 
 fuscoResult_t devicePlanSend(const gplan::SendArgs& a, void* stream) {
-  FUSCO_CHECK(planKernelsReady());
+  FUSCO_CHECK(deviceLoadKernelsHere());
   DeviceExec x(stream);
   gplan::planSendSteps(x, a);
   return x.result();
 }
 
 fuscoResult_t devicePlanTermRows(const gplan::SendArgs& a, const int64_t* remoteFan, void* stream) {
-  FUSCO_CHECK(planKernelsReady());
+  FUSCO_CHECK(deviceLoadKernelsHere());
   DeviceExec x(stream);
   gplan::planTermRowSteps(x, a, remoteFan);
   return x.result();
 }
 
 fuscoResult_t devicePlanRecv(const gplan::RecvArgs& a, void* stream) {
-  FUSCO_CHECK(planKernelsReady());
+  FUSCO_CHECK(deviceLoadKernelsHere());
   DeviceExec x(stream);
   gplan::planRecvSteps(x, a);
   return x.result();
 }
 
 fuscoResult_t devicePlanLayout(const gplan::RecvArgs& a, void* stream) {
-  FUSCO_CHECK(planKernelsReady());
+  FUSCO_CHECK(deviceLoadKernelsHere());
   DeviceExec x(stream);
   gplan::planLayoutSteps(x, a);
   return x.result();
 }
 
 fuscoResult_t devicePlanFan(const gplan::FanArgs& f, const gplan::SendArgs& a, void* stream) {
-  FUSCO_CHECK(planKernelsReady());
+  FUSCO_CHECK(deviceLoadKernelsHere());
   DeviceExec x(stream);
   gplan::planFanSteps(x, f, a);
   return x.result();

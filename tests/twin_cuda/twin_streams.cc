@@ -255,6 +255,15 @@ cudaError_t waitIdle(const char* call) {
 
 using namespace twincuda::detail;
 
+namespace {
+// Synchronizing or querying a capturing stream is illegal and invalidates the capture (runtime
+// API, stream capture). Called with the context's mutex held.
+cudaError_t refuseWhileCapturing(Stream* s) {
+  s->capture->invalidated = true;
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+}  // namespace
+
 extern "C" {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
@@ -289,11 +298,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
   {
     std::lock_guard<std::mutex> g(contextMutex());
-    if (s->capture != nullptr) {
-      // Synchronizing a capturing stream is illegal and invalidates the capture.
-      s->capture->invalidated = true;
-      return fail(cudaErrorStreamCaptureUnsupported);
-    }
+    if (s->capture != nullptr) return refuseWhileCapturing(s);
   }
   const uint64_t target = s->submitted.load();
   return waitFor("cudaStreamSynchronize", s, [s, target] { return s->completed.load() >= target; });
@@ -304,10 +309,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Stream* s = findStream(stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> g(contextMutex());
-  if (s->capture != nullptr) {
-    s->capture->invalidated = true;
-    return fail(cudaErrorStreamCaptureUnsupported);
-  }
+  if (s->capture != nullptr) return refuseWhileCapturing(s);
   return s->completed.load() == s->submitted.load() ? cudaSuccess : fail(cudaErrorNotReady);
 }
 

@@ -4,7 +4,6 @@
 // without a communicator: its first use on a device loads every kernel, as with CUDA.
 #include <twin_cuda.h>
 
-#include "core/cuda_check.h"
 #include "core/result.h"
 #include "device/device_plan_ops.h"
 #include "device/kernel_grid.cuh"
@@ -16,16 +15,9 @@ namespace {
 
 const char kPlanStep = 0;  // the planner's step kernels, as one identity
 
-fuscoResult_t planKernelsReady() {
-  if (deviceKernelsLoaded()) return fuscoSuccess;
-  int device = 0;
-  FUSCO_CUDACHECK(cudaGetDevice(&device), kPlan);
-  return deviceLoadKernels(device);
-}
-
 template <typename Body>
 fuscoResult_t planLaunch(void* stream, const char* what, Body body) {
-  FUSCO_CHECK(planKernelsReady());
+  FUSCO_CHECK(deviceLoadKernelsHere());
   twincuda::Launch l;
   l.kernel = &kPlanStep;
   l.stream = static_cast<cudaStream_t>(stream);
