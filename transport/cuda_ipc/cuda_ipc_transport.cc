@@ -412,6 +412,12 @@ bool ipcRegionToken(TransportComm* tc, const void* ptr, size_t bytes, uint64_t* 
   return true;
 }
 
+// A region its owner unexported (deregistered, then maybe freed): opening it may fail, and nothing
+// of it is read any more.
+bool released(const IpcPeer& p, uint32_t slot) {
+  return p.page.dir()[slot].bytes.load(std::memory_order_acquire) == 0;
+}
+
 // Opens slot `slot` of peer p (setup face: a CUDA IPC open may wait for the device) and records
 // the mapping in the peer's directory.
 void* openSlot(const IpcComm* c, IpcPeer& p, int peer, uint32_t slot) {
@@ -421,6 +427,7 @@ void* openSlot(const IpcComm* c, IpcPeer& p, int peer, uint32_t slot) {
       cudaIpcOpenMemHandle(&m, p.page.dir()[slot].handle, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     cudaGetLastError();
+    if (released(p, slot)) return nullptr;  // its owner released it while this rank looked
     FUSCO_WARN(kIpc, "cuda_ipc: cannot open region %u of rank %d: %s", slot, peer,
                cudaGetErrorString(err));
     return nullptr;
@@ -468,7 +475,7 @@ fuscoResult_t ipcMapRegions(TransportComm* tc) {
       const DirEntry& e = p.page.dir()[p.scanned];
       if (e.published.load(std::memory_order_acquire) == 0) break;
       if (e.bytes == 0 || p.opened.count(p.scanned) != 0) continue;  // released already
-      if (openSlot(c, p, r, p.scanned) == nullptr)
+      if (openSlot(c, p, r, p.scanned) == nullptr && !released(p, p.scanned))
         return FUSCO_FAIL(fuscoUnhandledCudaError, kIpc,
                           "cuda_ipc: cannot map region %u of rank %d: %s", p.scanned, r,
                           threadLastError().c_str());
