@@ -50,6 +50,9 @@ fuscoResult_t Communicator::mapPeerRegions() {
   if (!any) return fuscoSuccess;
   CudaSetupWindow w;
   FUSCO_CHECK(setupWindow(&w, "mapping the peers' new buffers"));
+  // A captured call maps here too: opening a peer's buffer is no stream work, so the caller's
+  // capture neither records nor forbids it.
+  CudaRelaxedCapture relaxed;
   for (auto& t : transports_)
     if (t.first->mapRegions != nullptr) FUSCO_CHECK(t.first->mapRegions(t.second));
   return fuscoSuccess;
