@@ -50,6 +50,7 @@ class LayerRun {
       : h_(h), c_(*h.comm), s_(stream), dev_(c_.memType() == fuscoMemCuda), n_(c_.nranks()) {}
   void prepare(const int64_t* topkIdx, ArgCheck* a);
   fuscoResult_t counts(ArgCheck a);
+  fuscoResult_t joinFailedCall(const ArgCheck& a);
   fuscoResult_t basesAndFan();
   fuscoResult_t readSummary(ArgCheck* b);
   fuscoResult_t exchangeFanLists(const ArgCheck& b);
@@ -252,6 +253,21 @@ fuscoResult_t LayerRun::counts(ArgCheck a) {
   return op(h_.names->counts, a, w, false);
 }
 
+// A rank whose own checks failed still joins, with no data, every operation its peers enqueue
+// before the call's verdict reaches them (counts, bases and a capacity plan's fan lists): on a
+// CUDA comm a peer's plan only enqueues those, so skipping one would pair the peer's next
+// operation with this rank's next call. Returns the checks' failure.
+fuscoResult_t LayerRun::joinFailedCall(const ArgCheck& a) {
+  const fuscoResult_t r = counts(a);
+  if (!dev_) return r;  // a host comm's counts end in the call (drained): every rank returned
+  const std::string why = threadLastError();
+  const std::vector<PeerWork> none(n_);
+  (void)op(h_.names->bases, a, none, true);
+  if (h_.capacity != 0) (void)op(h_.names->fanLists, a, none, false);
+  setThreadLastError(why);
+  return r;
+}
+
 // Steps 3-5: the layout, the bases back to the sources, their fan rows and combine's terms.
 fuscoResult_t LayerRun::basesAndFan() {
   const uint32_t mine = d_.numLocal;
@@ -426,7 +442,8 @@ fuscoResult_t planMoeSteps(const int64_t* topkIdx, void* stream, ArgCheck a, Moe
   h->steps.rounds = MoeHandle::PlanRounds{};
   LayerRun run(*h, stream);
   run.prepare(topkIdx, &a);
-  if (a.ok()) c.agreeInCall(planAgreement(*h));
+  if (!a.ok()) return run.joinFailedCall(a);
+  c.agreeInCall(planAgreement(*h));
   FUSCO_CHECK(run.counts(a));
   FUSCO_CHECK(run.basesAndFan());
   if (h->capacity != 0) {
