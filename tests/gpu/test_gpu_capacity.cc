@@ -87,6 +87,50 @@ TEST(GpuMoeCapacity, PlanDispatchCombineOnlyEnqueueAndMatchTheReference) {
   });
 }
 
+// Class E (docs/TESTING.md, "Failure classes"): a capacity plan, its dispatch, a replan to a new
+// routing, then dispatch and combine, all enqueued behind a 2 s spin, return within 1 s and give
+// the new routing's bytes. expertOut comes from the comm's arena, so only E is in play. Until a
+// replan uploads through pinned halves of its own, it waits for the plan's upload, which is behind
+// the spin, and the check fails with "waited for the stream"; ctest passes this test by that
+// message while it does.
+TEST(GpuMoeCapacity, ReplanOnlyEnqueuesBehindABusyStream) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    const cudaStream_t st = stream.get();
+    const CombineSetup a = capacityCase(4, seed), b = capacityCase(4, seed + 1);
+    const size_t capacity = std::max(mostRows(a), mostRows(b)) + 16, rowOut = b.hidden * 2;
+    DevBuf idxA = toDevice(comm, a.p.topkIdx[ctx.rank]),
+           idxB = toDevice(comm, b.p.topkIdx[ctx.rank]);
+    DevBuf xA = toDevice(comm, a.x[ctx.rank]), xB = toDevice(comm, b.x[ctx.rank]);
+    DevBuf recvX = poisonedBuf(comm, capacity * rowOut);
+    DevBuf expertOut(comm, capacity * rowOut, Mem::Arena);
+    expertOut.upload(b.expertOut[ctx.rank]);
+    DevBuf w = toDevice(comm, b.weights[ctx.rank]);
+    DevBuf out = poisonedBuf(comm, b.p.numTokens[ctx.rank] * rowOut);
+    CUDA_ASSERT_OK(spinAsync(st, 2.0));
+    const double t0 = nowSec();
+    fuscoMoeHandle_t h = nullptr;
+    FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, a, idxA, capacity, st, &h));
+    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, xA.get(), rowOut, recvX.get(), st));
+    FUSCO_ASSERT_OK(comm, fuscoMoeReplan(h, static_cast<const int64_t*>(idxB.get()),
+                                         b.p.numTokens[ctx.rank], b.p.topk, st));
+    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, xB.get(), rowOut, recvX.get(), st));
+    FUSCO_EXPECT_OK(comm, fuscoMoeCombine(h, expertOut.get(), fuscoBfloat16, b.hidden,
+                                          static_cast<const float*>(w.get()), out.get(), st));
+    const double sec = nowSec() - t0;
+    EXPECT_LT(sec, 1.0) << "a capacity replan, dispatch and combine waited for the stream: " << sec
+                        << " s behind a 2 s kernel";
+    CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+    const std::vector<uint8_t> got = recvX.download();
+    EXPECT_TRUE(std::equal(b.d.recvX[ctx.rank].begin(), b.d.recvX[ctx.rank].end(), got.begin()))
+        << "recvX after the replan";
+    const auto want = fusco::test::moeRefCombine(b.p, b.d, b.expertOut, b.dt, b.hidden, b.weights);
+    EXPECT_TRUE(out.download() == want[ctx.rank]) << "out after the replan";
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
+  });
+}
+
 // The smallest case of combine after a capacity plan: 2 ranks, no spin, the expert output
 // unregistered (a mappable copy is offered) and from the comm's arena (offered in place). Every
 // rank reads its peer's rows: the late operation must size each pair's message from the plan, or

@@ -160,6 +160,45 @@ TEST(GpuFaultKill, PeerKilledAfterEnqueueBeforeItsStreamRan) {
       faultOptions(1));
 }
 
+// Class F (docs/TESTING.md, "Failure classes"): two warm-up calls make the fuscoMemAlloc receive
+// buffers in-place targets; then rank 3 enqueues its call behind a 3 s kernel and is killed 300 ms
+// later, while the survivors' calls wait for it. Each survivor must get fuscoRemoteError (or a
+// timeout) naming rank 3 within the timeout, and its stream must finish without a fault. Until
+// operations wait for their peers inside their own kernel, the dead peer's waits are released and
+// the survivors' copies run into its memory: ctest passes this test by the twin CUDA runtime's
+// "twin-cuda: illegal address" while they do.
+TEST(GpuFaultKill, PeerKilledWhileSurvivorsWaitForIt) {
+  FUSCO_GPU_REQUIRE();
+  runRanks(
+      4,
+      [](const RankCtx& ctx) {
+        fuscoComm_t comm = initFaultComm(ctx);
+        Stream stream;
+        {
+          const size_t count = 16384;
+          auto l =
+              makeA2avLayout(fusco::test::uniformCountMatrix(4, count), 4, ctx.rank, 4, 5, false);
+          DevBuf send = sendBufFor(comm, l, 5), recv(comm, 4 * count * 4, Mem::Arena);
+          for (int it = 0; it < 2; ++it) {
+            FUSCO_ASSERT_OK(
+                comm, fuscoAllToAll(send.get(), recv.get(), count, fuscoInt32, comm, stream.api()));
+            CUDA_ASSERT_OK(cudaStreamSynchronize(stream.get()));
+          }
+          if (ctx.rank == 3) CUDA_ASSERT_OK(spinAsync(stream.get(), 3.0));
+          const double t0 = nowSec();
+          fuscoResult_t r =
+              fuscoAllToAll(send.get(), recv.get(), count, fuscoInt32, comm, stream.api());
+          if (ctx.rank == 3) {
+            usleep(300 * 1000);
+            raise(SIGKILL);
+          }
+          awaitFault(comm, r, t0, stream.get(), 3, true, "all-to-all waiting for rank 3");
+        }
+        finishSurvivor(comm);
+      },
+      faultOptions(3));
+}
+
 // Rank 2 is killed by a timer thread while the ranks loop over MoE dispatch + combine, so it dies
 // in the middle of some call or some stream's work.
 TEST(GpuFaultKill, PeerKilledDuringALoopOfMoeCallsFailsEverySurvivor) {

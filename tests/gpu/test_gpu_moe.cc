@@ -4,6 +4,7 @@
 // reference (harness/moe_reference.h) in every dedup mode (a CUDA comm is one node, so NODE and
 // AUTO act like RANK), identical across modes and balance settings and from run to run.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -320,6 +321,35 @@ TEST(GpuMoeCombine, EveryBufferKindForExpertOutAndOut) {
     const CombineSetup s = makeCombine(c, seed, fuscoFloat16, 40);
     for (Mem in : kAllMems)
       for (Mem out : kAllMems) combineAllModes(comm, ctx, s, in, out, stream.get());
+  });
+}
+
+// Class A (docs/TESTING.md, "Failure classes"): the first combine of an expertOut from plain
+// cudaMalloc. The library copies it into a buffer it exports inside the call, and a peer maps new
+// buffers when it enters a call: rank 0 enters 200 ms after its peers, so each has looked before
+// the copy exists. Until combine reads through memory mapped before the call, the combine fails
+// with "not mappable by its peers"; ctest passes this test by that message while it does.
+TEST(GpuMoeCombine, FirstCombineOfAnUnregisteredExpertOutIsExact) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  runGpuRanksOnStream(4, [seed](const RankCtx& ctx, fuscoComm_t comm, const Stream& stream) {
+    MoeCase c = oneNodeCase(4);
+    c.numExperts = 8;
+    c.topk = 2;
+    c.numTokens = {40, 33, 17, 25};
+    const CombineSetup s = makeCombine(c, seed, fuscoBfloat16, 64);
+    const size_t rowOut = s.hidden * 2;
+    fuscoMoeHandle_t h = nullptr;
+    ASSERT_TRUE(gpuPlan(comm, ctx.rank, s.c, s.p, s.d, FUSCO_DEDUP_RANK, FUSCO_BALANCE_AUTO,
+                        stream.get(), &h));
+    ASSERT_TRUE(
+        gpuDispatch(comm, h, ctx.rank, s.p, s.d, s.x, rowOut, Mem::Cuda, Mem::Cuda, stream.get()));
+    if (ctx.rank == 0) usleep(200 * 1000);
+    EXPECT_TRUE(gpuCombine(comm, h, ctx.rank, s, true, Mem::Cuda, Mem::Cuda, stream.get()));
+    fuscoResult_t async = fuscoSuccess;
+    FUSCO_EXPECT_OK(comm, fuscoCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, fuscoSuccess) << fuscoGetLastError(comm);
+    FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
   });
 }
 

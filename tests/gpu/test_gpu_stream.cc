@@ -4,6 +4,8 @@
 // call that reads its inputs at enqueue time, writes its outputs after its stream position, or
 // waits for the stream on the host is caught.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -83,6 +85,49 @@ TEST(GpuStream, AllToAllReturnsBeforeEarlierStreamWorkFinishes) {
     CUDA_ASSERT_OK(cudaStreamSynchronize(s));
     EXPECT_TRUE(fusco::test::checkRecv(l, recv.download().data(), seed));
   });
+}
+
+// The one-connection stall (docs/TESTING.md, "Failure classes"): with
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting) every stream shares one hardware queue.
+// Rank 1 enters its all-to-all 2 s late; rank 0's all-to-all is on stream A, then a tiny kernel on
+// stream B must finish within 200 ms. Until an operation waits for its peers inside its own
+// kernel, its host-released wait heads the only queue and ctest passes this test by "another
+// stream waited" while it does.
+TEST(GpuStream, LatePeerDoesNotHoldAnotherStreamWithOneConnection) {
+  FUSCO_GPU_REQUIRE();
+  const uint64_t seed = fusco::test::testSeed();
+  fusco::test::runRanks(
+      2,
+      [seed](const RankCtx& ctx) {
+        setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);  // read when the context is made
+        fuscoComm_t comm = initGpuComm(ctx);
+        {
+          Stream a, b;
+          const size_t count = 4099;
+          auto l = makeA2avLayout(fusco::test::uniformCountMatrix(2, count), 2, ctx.rank, 4, seed,
+                                  false);
+          DevBuf send = sendBufFor(comm, l, seed), recv = poisonedBuf(comm, l.sendElems * 4);
+          if (ctx.rank == 1) usleep(2000 * 1000);
+          FUSCO_EXPECT_OK(comm,
+                          fuscoAllToAll(send.get(), recv.get(), count, fuscoInt32, comm, a.api()));
+          if (ctx.rank == 0) {
+            cudaEvent_t ev = nullptr;
+            CUDA_EXPECT_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+            const double t0 = nowSec();
+            CUDA_EXPECT_OK(spinAsync(b.get(), 0.0));
+            CUDA_EXPECT_OK(cudaEventRecord(ev, b.get()));
+            while (cudaEventQuery(ev) == cudaErrorNotReady && nowSec() - t0 < 5.0) usleep(1000);
+            const double sec = nowSec() - t0;
+            EXPECT_LT(sec, 0.2) << "another stream waited " << sec * 1000
+                                << " ms behind an all-to-all whose peer was 2 s late";
+            CUDA_EXPECT_OK(cudaEventDestroy(ev));
+          }
+          CUDA_EXPECT_OK(syncWithin(a.get(), 30.0));
+          EXPECT_TRUE(fusco::test::checkRecv(l, recv.download().data(), seed));
+        }
+        FUSCO_EXPECT_OK(comm, fuscoCommDestroy(comm));
+      },
+      gpuOptions());
 }
 
 // After fuscoMoePlan (which may sync the host once), dispatch and combine only enqueue.
