@@ -171,11 +171,17 @@ fuscoResult_t deviceZeroRowRanges(void* base, size_t rowBytes, const int64_t* ra
   return launched(twincuda::launch(std::move(l)), "launching the padding kernel");
 }
 
-fuscoResult_t loadCopyKernels(KernelLoader& l) {
+// Registered when the library loads, as the code nvcc generates registers a fatbinary's kernels;
+// loading them is the device init's part (loadCopyKernels).
+[[maybe_unused]] const bool kCopyKernelsRegistered = [] {
   twincuda::registerKernel(&kCopy, "copyKernel");
   twincuda::registerKernel(&kCopyDeferred, "copyDeferredKernel");
   twincuda::registerKernel(&kFinalSum, "finalSumKernel");
   twincuda::registerKernel(&kZeroRanges, "zeroRangesKernel");
+  return true;
+}();
+
+fuscoResult_t loadCopyKernels(KernelLoader& l) {
   FUSCO_CHECK(l.load(&kCopy, 256, nullptr));
   FUSCO_CHECK(l.load(&kCopyDeferred, 256, nullptr));
   FUSCO_CHECK(l.load(&kFinalSum, 128, nullptr));

@@ -39,9 +39,12 @@ fuscoResult_t deviceRun(const Args& a, uint32_t phases, void* stream) {
 
 }  // namespace ll
 
-fuscoResult_t loadLlKernels(KernelLoader& l) {
+// Registered when the library loads, as nvcc's generated code does; loaded by the device init.
+[[maybe_unused]] const bool kLlKernelsRegistered = [] {
   twincuda::registerKernel(&ll::kLl, "llKernel");
-  return l.load(&ll::kLl, 256, nullptr);
-}
+  return true;
+}();
+
+fuscoResult_t loadLlKernels(KernelLoader& l) { return l.load(&ll::kLl, 256, nullptr); }
 
 }  // namespace fusco

@@ -49,9 +49,12 @@ fuscoResult_t devicePlanFan(const gplan::FanArgs& f, const gplan::SendArgs& a, v
   return planLaunch(stream, "fan rows", [f, a] { hostPlanFan(f, a); });
 }
 
-fuscoResult_t loadPlanKernels(KernelLoader& l) {
+// Registered when the library loads, as nvcc's generated code does; loaded by the device init.
+[[maybe_unused]] const bool kPlanKernelsRegistered = [] {
   twincuda::registerKernel(&kPlanStep, "planStepKernel");
-  return l.load(&kPlanStep, 256, nullptr);
-}
+  return true;
+}();
+
+fuscoResult_t loadPlanKernels(KernelLoader& l) { return l.load(&kPlanStep, 256, nullptr); }
 
 }  // namespace fusco
