@@ -154,8 +154,6 @@ Limits gLimits;
 std::mutex gLimitsMu;
 thread_local int tDevice = 0;
 
-constexpr int kMultiprocessors = 132;  // an H100 SXM's count: grids sized from it look real
-
 }  // namespace
 
 extern "C" {
@@ -221,7 +219,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->maxThreadsDim[2] = 64;
   prop->maxGridSize[0] = 0x7fffffff;
   prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
-  prop->multiProcessorCount = kMultiprocessors;
+  prop->multiProcessorCount = static_cast<int>(multiprocessors());  // FUSCO_TWIN_SMS (T7)
+  prop->maxBlocksPerMultiProcessor = static_cast<int>(blocksPerMultiprocessor(1));
   prop->major = 9;
   prop->minor = 0;
   prop->canMapHostMemory = 1;
@@ -237,7 +236,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (device != 0) return fail(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrMultiProcessorCount:
-      *value = kMultiprocessors;
+      *value = static_cast<int>(multiprocessors());  // FUSCO_TWIN_SMS (T7)
+      break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor:
+      *value = static_cast<int>(blocksPerMultiprocessor(1));
       break;
     case cudaDevAttrComputeCapabilityMajor:
       *value = 9;

@@ -42,6 +42,14 @@ struct Launch {
   std::vector<Range> writes;
   std::function<void()> body;
   std::string what;  // shown in messages after the kernel's name (optional)
+  // The grid, for the multiprocessors it occupies (T7). 0 blocks / 0 threads: those of the
+  // cudaLaunchKernelExC or cudaLaunchCooperativeKernel call this launch is made from, else one
+  // block, and one block per multiprocessor. A cooperative launch (also one made from a call with
+  // cudaLaunchAttributeCooperative) is resident whole before its body starts; one larger than the
+  // device is refused with cudaErrorCooperativeLaunchTooLarge.
+  uint64_t blocks = 0;
+  unsigned threads = 0;
+  bool cooperative = false;
 };
 
 // Enqueues a launch; returns once it is enqueued (or recorded, under stream capture), as a kernel
@@ -60,5 +68,13 @@ uint64_t illegalAddressCount();  // T3 misses (each also printed)
 uint64_t syncLimitCount();       // setup calls that waited past FUSCO_TWIN_SYNC_LIMIT_MS (T4)
 uint64_t refusedLaunchCount();   // launches of kernels never loaded (T4)
 uint64_t revokedMappingCount();  // IPC mappings taken away because their owner exited (T5)
+
+// The device's multiprocessors (T7): a pool of FUSCO_TWIN_SMS (default 132) shared by every
+// process of this user on this machine (or of the pool named by FUSCO_TWIN_SM_POOL).
+uint32_t smsHeldByProcess();  // held now by this process's running kernels
+uint32_t smsHeldOnDevice();   // held now by every live process sharing the pool
+uint64_t smWaitCount();       // kernels of this process that waited at a queue's head for them
+// The file holding the pool (in /dev/shm), for a harness to remove the pool it named.
+std::string smPoolPath();
 
 }  // namespace twincuda

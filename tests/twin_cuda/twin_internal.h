@@ -66,6 +66,31 @@ void noteSyncLimit();
 void noteRefusedLaunch();
 void noteRevoked(size_t n);
 
+// ------------------------------------------------------------------ multiprocessors (T7)
+// The device's multiprocessors: FUSCO_TWIN_SMS (default 132), read once.
+uint32_t multiprocessors();
+// Blocks of `threads` threads one multiprocessor holds (the occupancy query's answer); 0 threads
+// (not known): one.
+uint32_t blocksPerMultiprocessor(uint64_t threads);
+// What a launch's grid occupies: `sms` multiprocessors, all at once when `cooperative`.
+// Refuses (cudaErrorCooperativeLaunchTooLarge, with a message) a cooperative grid larger than the
+// device. [in] cfg: the configuration of the cudaLaunchKernelExC call the launch is made from, or
+// null.
+cudaError_t residency(const Launch& l, const cudaLaunchConfig_t* cfg, const std::string& kernel,
+                      uint32_t* sms, bool* cooperative);
+// Multiprocessors held in the pool shared by every process on the device.
+struct SmHold {
+  int slot = -1;
+  uint32_t count = 0;
+};
+// Takes `want` multiprocessors for the kernel `what`: all of them when `all`, else as many as are
+// free, at least one. False (nothing taken) when that many are not free now.
+bool acquireSms(uint32_t want, bool all, const std::string& what, SmHold* h);
+void releaseSms(SmHold* h);
+// Who holds the pool now, for a wait's message.
+std::string smHolders();
+void noteSmWait();
+
 // ------------------------------------------------------------------ streams (T1, T6)
 struct Stream;
 
@@ -79,6 +104,13 @@ struct Item {
   std::function<bool()> ready;         // a wait: true once the item may start
   std::function<void()> run;
   std::vector<Access> accesses;
+  // A kernel's multiprocessors (T7): how many its grid occupies (0: not a kernel), whether all of
+  // them must be held before it starts (a cooperative launch) or at least one; while it waits for
+  // them at its queue's head, and what it holds while it runs (filled by the queue).
+  uint32_t sms = 0;
+  bool cooperative = false;
+  bool waitingSms = false;
+  SmHold smHold;
   // Filled at submission.
   Stream* stream = nullptr;
   std::vector<std::pair<Stream*, uint64_t>> after;  // the legacy stream's implicit ordering

@@ -7,6 +7,7 @@
 // for every stream (T4), and under FUSCO_TWIN_LAZY_LOADING=1 (the default) refuses to launch a
 // kernel nobody loaded, since a first launch that loads can deadlock behind a stream wait.
 // With FUSCO_TWIN_LAZY_LOADING=0 a first launch loads, waiting for the device, as CUDA does.
+// A launch's grid occupies the device's multiprocessors while it runs (T7, twin_sms.cc).
 #include <cstring>
 #include <unordered_map>
 
@@ -21,6 +22,9 @@ struct Kernel {
   ExLauncher ex = nullptr;
   bool loaded = false;
 };
+
+// The configuration of the cudaLaunchKernelExC call a launcher runs in (its grid, T7).
+thread_local const cudaLaunchConfig_t* tExConfig = nullptr;
 
 std::mutex gKernelsMu;
 std::unordered_map<const void*, Kernel>& kernels() {
@@ -87,6 +91,9 @@ cudaError_t launch(Launch l) {
   detail::Stream* s = detail::findStream(l.stream);
   if (s == nullptr) return detail::fail(cudaErrorInvalidResourceHandle);
   auto it = std::make_shared<detail::Item>();
+  const cudaError_t grid =
+      detail::residency(l, detail::tExConfig, "kernel " + k.name, &it->sms, &it->cooperative);
+  if (grid != cudaSuccess) return grid;
   it->desc = "kernel " + k.name + (l.what.empty() ? "" : " (" + l.what + ")");
   it->work = true;
   for (const Range& r : l.reads)
@@ -129,9 +136,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, const 
   const cudaError_t e =
       loadKernel(func, ("cudaOccupancyMaxActiveBlocksPerMultiprocessor(" + k.name + ")").c_str());
   if (e != cudaSuccess) return e;
-  // A multiprocessor of compute capability 9.0 holds 2048 threads and 32 blocks.
-  int n = 2048 / blockSize;
-  *numBlocks = n > 32 ? 32 : n;
+  *numBlocks = static_cast<int>(blocksPerMultiprocessor(static_cast<uint64_t>(blockSize)));
   return cudaSuccess;
 }
 
@@ -157,7 +162,28 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* fu
            k.name.c_str());
     return fail(cudaErrorInvalidDeviceFunction);
   }
-  return k.ex(config, args);
+  const cudaLaunchConfig_t* outer = std::exchange(tExConfig, config);
+  const cudaError_t e = k.ex(config, args);
+  tExConfig = outer;
+  return e;
+}
+
+// Runtime API cudaLaunchCooperativeKernel: cudaLaunchKernelExC with
+// cudaLaunchAttributeCooperative (the grid is resident whole, or refused with
+// cudaErrorCooperativeLaunchTooLarge: T7).
+cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                        size_t sharedMem, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = gridDim;
+  cfg.blockDim = blockDim;
+  cfg.dynamicSmemBytes = sharedMem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelExC(&cfg, func, args);
 }
 
 }  // extern "C"

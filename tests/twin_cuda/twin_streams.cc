@@ -9,8 +9,9 @@
 // programming guide's environment variables): a command at the head of a queue that cannot start
 // (a stream memory-operation wait, an event wait, a command whose same-stream predecessor still
 // runs) holds every stream that shares the queue. A command that can start is handed to the
-// multiprocessors and the queue moves on. The twin does exactly that: one dispatcher thread per
-// queue, and a thread per running kernel or copy.
+// multiprocessors and the queue moves on; a kernel starts once it has its multiprocessors (T7,
+// twin_sms.cc), so one waiting for them holds its queue too. The twin does exactly that: one
+// dispatcher thread per queue, and a thread per running kernel or copy.
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -103,6 +104,24 @@ bool headBlocked(Context* c, Queue* q, std::unique_lock<std::mutex>& lk, const I
   return !r || q->items.empty() || q->items.front() != it;
 }
 
+// T7: a kernel at the head takes its multiprocessors before it starts; until it can, it holds
+// its queue. False while they are not free.
+bool takeSms(Queue* q, std::unique_lock<std::mutex>& lk, const ItemPtr& it) {
+  if (it->sms == 0 || stickyError() != cudaSuccess) return true;
+  lk.unlock();
+  SmHold h;
+  const bool got = acquireSms(it->sms, it->cooperative, it->desc, &h);
+  lk.lock();
+  if (got && (q->items.empty() || q->items.front() != it)) {
+    releaseSms(&h);
+    return false;
+  }
+  if (!got && !it->waitingSms) noteSmWait();
+  it->waitingSms = !got;
+  it->smHold = h;
+  return got;
+}
+
 void dispatch(Context* c, Queue* q) {
   std::unique_lock<std::mutex> lk(c->mu);
   int64_t backoffUs = 10;
@@ -112,8 +131,9 @@ void dispatch(Context* c, Queue* q) {
       continue;
     }
     ItemPtr it = q->items.front();
-    if (headBlocked(c, q, lk, it)) {
-      // Waits on memory another process writes cannot be notified: poll, backing off to 1 ms.
+    if (headBlocked(c, q, lk, it) || !takeSms(q, lk, it)) {
+      // Waits on memory (or multiprocessors) another process releases cannot be notified: poll,
+      // backing off to 1 ms.
       q->cv.wait_for(lk, std::chrono::microseconds(backoffUs));
       backoffUs = backoffUs < 1000 ? backoffUs * 2 : 1000;
       continue;
@@ -128,6 +148,7 @@ void dispatch(Context* c, Queue* q) {
       it->stream->running = true;
       std::thread([c, it] {
         execute(it);
+        releaseSms(&it->smHold);
         std::lock_guard<std::mutex> g(c->mu);
         it->stream->running = false;
         completeLocked(c, it);
@@ -136,6 +157,7 @@ void dispatch(Context* c, Queue* q) {
     }
     lk.unlock();
     execute(it);
+    releaseSms(&it->smHold);
     lk.lock();
     completeLocked(c, it);
   }
@@ -147,6 +169,15 @@ bool allIdleLocked(Context* c) {
   return true;
 }
 
+// T7: what a kernel waits for, when it waits for multiprocessors.
+std::string smWait(const Item& it) {
+  if (!it.waitingSms) return "";
+  return (it.cooperative ? ", waiting for all " + std::to_string(it.sms) +
+                               " multiprocessors (a cooperative grid is resident whole): "
+                         : std::string(", waiting for a free multiprocessor: ")) +
+         smHolders();
+}
+
 // What holds a stream: its oldest unfinished item, and the head of its queue when that is
 // another stream's item (head-of-line blocking, T6).
 std::string holderLocked(Context* c, Stream* s) {
@@ -156,11 +187,11 @@ std::string holderLocked(Context* c, Stream* s) {
     return "nothing (idle)";
   }
   if (s->pending.empty()) return "nothing (idle)";
-  std::string r = s->pending.front()->desc + " on " + streamName(s);
+  std::string r = s->pending.front()->desc + " on " + streamName(s) + smWait(*s->pending.front());
   Queue* q = c->queues[s->queue].get();
   if (!q->items.empty() && q->items.front()->stream != s)
     r += ", behind " + q->items.front()->desc + " on " + streamName(q->items.front()->stream) +
-         " at the head of hardware queue " + std::to_string(q->index);
+         " at the head of hardware queue " + std::to_string(q->index) + smWait(*q->items.front());
   return r;
 }
 
