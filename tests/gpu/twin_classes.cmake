@@ -6,40 +6,44 @@
 # ends a class removes its tests from this file in the same commit, and they must then pass
 # outright.
 #
-# Each entry: a test name, then its class's message. Tests first named in docs/TESTING.md are the
-# reproducers; the others are the [gpu] tests the class breaks today.
+# Each entry: a test name, then its class's message. The first test of each class is its
+# reproducer (docs/TESTING.md), which fails the same way every time: it passes by the message
+# alone. The others are the [gpu] tests the class breaks today, where timing can let the class
+# slip by (a peer maps in time): they pass by the message or outright (gtest's summary of one
+# passed test), never by any other failure.
 set(_a "not mappable by its peers")        # A: a pull from a buffer exported inside the call
 set(_c "has not mapped it yet")             # C: staging exported inside a (captured) call
 set(_e "waited for the stream")             # E: a call that waits for earlier stream work
 set(_f "twin-cuda: illegal address")        # F: released waits run into a dead peer's memory
 set(_stall "another stream waited")         # the one-connection stall
+set(_or "|\\[  PASSED  \\] 1 test\\.")  # or the whole test passed
 set(_fusco_twin_classes
   "GpuMoeCombine.FirstCombineOfAnUnregisteredExpertOutIsExact" "${_a}"
-  "GpuMoeCombine.EveryBufferKindForExpertOutAndOut" "${_a}"
-  "Gpu/GpuMoeCombineTypes.OutMatchesReferenceTreeInEveryDedupMode/float32  # GetParam() = 7" "${_a}"
-  "Gpu/GpuMoeCombineTypes.OutMatchesReferenceTreeInEveryDedupMode/bfloat16  # GetParam() = 9" "${_a}"
-  "Gpu/GpuMoeCombineTypes.OutMatchesReferenceTreeInEveryDedupMode/float16  # GetParam() = 6" "${_a}"
-  "Gpu/GpuMoeCombineRanks.Bf16TopEightMatchesReference/2ranks  # GetParam() = 2" "${_a}"
-  "Gpu/GpuMoeCombineRanks.Bf16TopEightMatchesReference/4ranks  # GetParam() = 4" "${_a}"
-  "Gpu/GpuMoeCombineRanks.Bf16TopEightMatchesReference/8ranks  # GetParam() = 8" "${_a}"
-  "GpuMoePlanner.HostPlannerAndStepsBothMatchTheReference" "${_a}"
-  "GpuMoeReplan.TwentyLayersMatchReferenceAndKeepTheDeviceBuffer" "${_a}"
-  "GpuAsync.MoeDispatchAndCombineReturnAtOnceWhileAPeerIsLate" "${_a}"
-  "GpuStream.MoeDispatchAndCombineReturnBeforeEarlierStreamWorkFinishes" "${_a}"
-  "GpuLowLatency.CombineIsBitwiseWhatFuscoMoeCombineGives" "${_a}"
-  "GpuMoeCapacity.CombineReadsEveryPeersRowsOnTwoRanks" "${_a}"
-  "GpuFaultKill.PeerKilledDuringALoopOfMoeCallsFailsEverySurvivor" "${_a}"
-  "GpuBadInput.HostPointersInMoeCallsOnOneRankFailEveryRank" "${_a}"
+  "GpuMoeCombine.EveryBufferKindForExpertOutAndOut" "${_a}${_or}"
+  "Gpu/GpuMoeCombineTypes.OutMatchesReferenceTreeInEveryDedupMode/float32  # GetParam() = 7" "${_a}${_or}"
+  "Gpu/GpuMoeCombineTypes.OutMatchesReferenceTreeInEveryDedupMode/bfloat16  # GetParam() = 9" "${_a}${_or}"
+  "Gpu/GpuMoeCombineTypes.OutMatchesReferenceTreeInEveryDedupMode/float16  # GetParam() = 6" "${_a}${_or}"
+  "Gpu/GpuMoeCombineRanks.Bf16TopEightMatchesReference/2ranks  # GetParam() = 2" "${_a}${_or}"
+  "Gpu/GpuMoeCombineRanks.Bf16TopEightMatchesReference/4ranks  # GetParam() = 4" "${_a}${_or}"
+  "Gpu/GpuMoeCombineRanks.Bf16TopEightMatchesReference/8ranks  # GetParam() = 8" "${_a}${_or}"
+  "GpuMoePlanner.HostPlannerAndStepsBothMatchTheReference" "${_a}${_or}"
+  "GpuMoeReplan.TwentyLayersMatchReferenceAndKeepTheDeviceBuffer" "${_a}${_or}"
+  "GpuAsync.MoeDispatchAndCombineReturnAtOnceWhileAPeerIsLate" "${_a}${_or}"
+  "GpuStream.MoeDispatchAndCombineReturnBeforeEarlierStreamWorkFinishes" "${_a}${_or}"
+  "GpuLowLatency.CombineIsBitwiseWhatFuscoMoeCombineGives" "${_a}${_or}"
+  "GpuMoeCapacity.CombineReadsEveryPeersRowsOnTwoRanks" "${_a}${_or}"
+  "GpuFaultKill.PeerKilledDuringALoopOfMoeCallsFailsEverySurvivor" "${_a}${_or}"
+  "GpuBadInput.HostPointersInMoeCallsOnOneRankFailEveryRank" "${_a}${_or}"
   "GpuGraph.CapturedStagedAllToAllReplaysAreExact" "${_c}"
   "GpuAllToAllStaging.LargerThanTheStagingAreaIsExact" "${_c}"
-  "GpuGraph.AllToAllReplaysMatchEagerCallsWithNewInputs" "${_c}"
-  "GpuGraph.AllToAllReplaysIntoArenaMatchEagerCallsWithNewInputs" "${_c}"
-  "GpuGraph.AllToAllCapturedInGlobalModeMatchesEagerCalls" "${_c}"
-  "GpuGraph.AllToAllvReplays" "${_c}"
-  "GpuGraph.EagerCallsBetweenReplaysStayExact" "${_c}"
-  "GpuGraph.MoeDispatchCombineReplays" "${_c}"
+  "GpuGraph.AllToAllReplaysMatchEagerCallsWithNewInputs" "${_c}${_or}"
+  "GpuGraph.AllToAllReplaysIntoArenaMatchEagerCallsWithNewInputs" "${_c}${_or}"
+  "GpuGraph.AllToAllCapturedInGlobalModeMatchesEagerCalls" "${_c}${_or}"
+  "GpuGraph.AllToAllvReplays" "${_c}${_or}"
+  "GpuGraph.EagerCallsBetweenReplaysStayExact" "${_c}${_or}"
+  "GpuGraph.MoeDispatchCombineReplays" "${_c}${_or}"
   "GpuMoeCapacity.ReplanOnlyEnqueuesBehindABusyStream" "${_e}"
-  "GpuMoeCapacity.PlanDispatchCombineOnlyEnqueueAndMatchTheReference" "${_e}"
+  "GpuMoeCapacity.PlanDispatchCombineOnlyEnqueueAndMatchTheReference" "${_e}${_or}"
   "GpuFaultKill.PeerKilledWhileSurvivorsWaitForIt" "${_f}"
   "GpuStream.LatePeerDoesNotHoldAnotherStreamWithOneConnection" "${_stall}"
 )
