@@ -86,6 +86,44 @@ class MoeConfig(ctypes.Structure):
                          DEDUP["auto"], BALANCE["auto"], 0)
 
 
+LL_CONFIG_MAGIC = 0xF05C011F
+LL_CONFIG_VERSION = 1
+LL_BF16 = 0
+LL_FP8 = 1
+LL_RECV_HOOK = 1
+
+
+class LowLatencyConfig(ctypes.Structure):
+    """fuscoLowLatencyConfig_t; a new one holds FUSCO_LOW_LATENCY_CONFIG_INITIALIZER's values."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("maxTokensPerRank", ctypes.c_int),
+        ("hidden", ctypes.c_int),
+        ("numExperts", ctypes.c_int),
+        ("maxTopk", ctypes.c_int),
+    ]
+
+    def __init__(self):
+        super().__init__(ctypes.sizeof(LowLatencyConfig), LL_CONFIG_MAGIC, LL_CONFIG_VERSION, 0,
+                         0, 0, 0)
+
+
+class LowLatencyDispatch(ctypes.Structure):
+    """fuscoLowLatencyDispatch_t: where a low-latency dispatch's rows landed."""
+    _fields_ = [
+        ("buffer", ctypes.c_int),
+        ("format", ctypes.c_int),
+        ("hook", ctypes.c_ulonglong),
+        ("recvX", ctypes.c_void_p),
+        ("recvScales", ctypes.c_void_p),
+        ("recvCount", ctypes.c_void_p),
+        ("recvLayout", ctypes.c_void_p),
+        ("recvSrcToken", ctypes.c_void_p),
+    ]
+
+
 _R = ctypes.c_int  # fuscoResult_t
 _P = ctypes.c_void_p
 _SZ = ctypes.c_size_t
@@ -113,6 +151,14 @@ _SIGNATURES = {
     "fuscoMoeDispatch": (_R, [_P, _P, _SZ, _P, _P]),
     "fuscoMoeCombine": (_R, [_P, _P, ctypes.c_int, _SZ, _P, _P, _P]),
     "fuscoMoeHandleDestroy": (_R, [_P]),
+    "fuscoLowLatencyCreate": (_R, [ctypes.POINTER(_P), _P, ctypes.POINTER(LowLatencyConfig)]),
+    "fuscoLowLatencyDispatch": (_R, [_P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_uint, ctypes.POINTER(LowLatencyDispatch), _P]),
+    "fuscoLowLatencyCombine": (_R, [_P, ctypes.POINTER(LowLatencyDispatch), _P, _P, _P,
+                                    ctypes.c_int, ctypes.c_int, _P, ctypes.c_uint,
+                                    ctypes.POINTER(ctypes.c_ulonglong), _P]),
+    "fuscoLowLatencyRecvHook": (_R, [_P, ctypes.c_ulonglong, _P]),
+    "fuscoLowLatencyDestroy": (_R, [_P]),
 }
 
 _lock = threading.Lock()
