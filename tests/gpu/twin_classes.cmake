@@ -45,6 +45,7 @@ set(_fusco_twin_classes
   "GpuMoeCapacity.ReplanOnlyEnqueuesBehindABusyStream" "${_e}"
   "GpuMoeCapacity.PlanDispatchCombineOnlyEnqueueAndMatchTheReference" "${_e}${_or}"
   "GpuFaultKill.PeerKilledWhileSurvivorsWaitForIt" "${_f}"
+  "GpuFaultKill.PeerKilledAfterEnqueueBeforeItsStreamRan" "${_f}${_or}"
   "GpuStream.LatePeerDoesNotHoldAnotherStreamWithOneConnection" "${_stall}"
 )
 list(LENGTH _fusco_twin_classes _n)
