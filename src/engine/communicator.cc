@@ -593,11 +593,15 @@ bool Communicator::takeRegistration(void* handle, void** buff) {
 }
 
 void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
-  std::lock_guard<std::mutex> g(brokenMu_);
-  fuscoResult_t expected = fuscoSuccess;
-  if (broken_.compare_exchange_strong(expected, r)) brokenMsg_ = msg;
-  for (auto& t : transports_) t.first->markAborted(t.second, brokenMsg_.c_str());
+  {
+    std::lock_guard<std::mutex> g(brokenMu_);
+    fuscoResult_t expected = fuscoSuccess;
+    if (broken_.compare_exchange_strong(expected, r)) brokenMsg_ = msg;
+    for (auto& t : transports_) t.first->markAborted(t.second, brokenMsg_.c_str());
+  }
   // No stream of a broken comm may keep waiting (the progress thread releases its own waits).
+  // Outside brokenMu_: the progress thread calls markBroken holding its own lock
+  // (Progress::release), so taking that lock under brokenMu_ here would invert the order.
   if (progress_ && !progress_->onThread()) progress_->releaseWaits();
 }
 
