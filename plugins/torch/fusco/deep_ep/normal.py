@@ -132,12 +132,12 @@ def run_combine(comm, plan, x, topk_weights, bias):
     out_w = None if staged_w is None else torch.zeros((t, staged_w.shape[1]),
                                                       dtype=torch.float32, device=dev)
     start = 0
-    for p in range(comm.nranks):  # one step per rank, never per row
+    for p in range(comm.nranks):  # one step per rank, never per row; unique tokens in each
         stop = start + plan.send_splits[p]
         tok = plan.send_rows[start:stop]
-        out[tok] += staged[start:stop].to(torch.float32)
+        out.index_add_(0, tok, staged[start:stop].to(torch.float32))
         if out_w is not None:
-            out_w[tok] += staged_w[start:stop]
+            out_w.index_add_(0, tok, staged_w[start:stop])
         start = stop
     for b in bias:
         out += b.to(torch.float32)
