@@ -22,7 +22,8 @@ class _CudaArray:
                                          "data": (ptr, False), "version": 2}
 
 
-_TYPESTR = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+# Signed integers of each size: every torch has them (unsigned 16/32/64-bit are recent).
+_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
