@@ -74,7 +74,7 @@ uint64_t revokedMappingCount();  // IPC mappings taken away because their owner 
 uint32_t smsHeldByProcess();  // held now by this process's running kernels
 uint32_t smsHeldOnDevice();   // held now by every live process sharing the pool
 uint64_t smWaitCount();       // kernels of this process that waited at a queue's head for them
-// The file holding the pool (in /dev/shm), for a harness to remove the pool it named.
+// The file holding the pool (in TMPDIR, else /tmp), for a harness to remove the pool it named.
 std::string smPoolPath();
 
 }  // namespace twincuda

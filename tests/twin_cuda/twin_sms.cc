@@ -11,7 +11,9 @@
 //
 // The twin's device has FUSCO_TWIN_SMS multiprocessors (default 132, an H100 SXM's count; what the
 // device properties report), one pool shared by every process of this user on this machine, as
-// ranks sharing a GPU share its multiprocessors: a file in /dev/shm (another pool per
+// ranks sharing a GPU share its multiprocessors: a file in the temporary directory (TMPDIR, else
+// /tmp; the device's state, not a segment of the library, so not in /dev/shm, where the tests
+// hold the library to leaving nothing behind) (another pool per
 // FUSCO_TWIN_SM_POOL name). A kernel occupies ceil(blocks / blocks per multiprocessor) of them
 // while its body runs: a cooperative kernel takes all of them before it starts, any other kernel
 // as many as are free, at least one (its other blocks run in waves on those). A kernel that cannot
@@ -83,7 +85,9 @@ uint64_t startTime(int32_t pid) {
 }
 
 std::string poolPath() {
-  std::string path = "/dev/shm/fusco-twin-sms-v1-u" + std::to_string(getuid()) + "-dev0";
+  const char* dir = getenv("TMPDIR");
+  std::string path = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
+                     "/fusco-twin-sms-v1-u" + std::to_string(getuid()) + "-dev0";
   const char* name = getenv("FUSCO_TWIN_SM_POOL");
   if (name == nullptr || *name == '\0') return path;
   path += '-';
