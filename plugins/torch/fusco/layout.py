@@ -1,10 +1,10 @@
 """The layout-level call: fusco.all_to_all over fuscoGatherSend / fuscoScatterRecv."""
-import math
 
 import torch
 
 from . import _lib
-from .comm import Communicator, FuscoError, check, invalid
+from ._rows import exchange, row_bytes
+from .comm import Communicator, FuscoError, invalid
 
 _default_comm = None
 
@@ -31,10 +31,6 @@ def _splits(name, splits, nranks):
     if any(s < 0 for s in splits):
         raise invalid("fusco.all_to_all: %s has a negative entry: %s" % (name, splits))
     return splits
-
-
-def _row_bytes(t):
-    return math.prod(t.shape[1:]) * t.element_size()
 
 
 def _check_rows(name, rows, bound, total, validate):
@@ -93,11 +89,11 @@ def all_to_all(output, input, send_rows, recv_rows, send_splits, recv_splits, co
             raise invalid("fusco.all_to_all: input and output need a row dimension")
         if not input.is_contiguous() or not output.is_contiguous():
             raise invalid("fusco.all_to_all: input and output must be contiguous")
-        row_bytes = _row_bytes(input)
-        if row_bytes != _row_bytes(output):
+        rb = row_bytes(input)
+        if rb != row_bytes(output):
             raise invalid("fusco.all_to_all: input rows have %d bytes, output rows %d"
-                          % (row_bytes, _row_bytes(output)))
-        if row_bytes == 0:
+                          % (rb, row_bytes(output)))
+        if rb == 0:
             raise invalid("fusco.all_to_all: rows of 0 bytes")
         ss = _splits("send_splits", send_splits, comm.nranks)
         rs = _splits("recv_splits", recv_splits, comm.nranks)
@@ -110,28 +106,5 @@ def all_to_all(output, input, send_rows, recv_rows, send_splits, recv_splits, co
         if comm._handle is None:
             raise
         _fail_collectively(comm, e)
-    lib = _lib.load()
-    h = comm.handle
-    stream = comm.stream()
-    sp, rp = send_rows.data_ptr(), recv_rows.data_ptr()
-    ip, op = input.data_ptr(), output.data_ptr()
-    first = None
-    check(lib.fuscoGroupStart(), h, "fuscoGroupStart")
-    so = ro = 0
-    # Every peer gets a send and a receive (possibly of 0 rows), so both sides post the same calls.
-    for p in range(comm.nranks):
-        r = lib.fuscoGatherSend(ip, sp + 8 * so if ss[p] else None, ss[p], row_bytes, p, h, stream)
-        if r != _lib.SUCCESS and first is None:
-            first = (r, lib.fuscoGetLastError(h))
-        r = lib.fuscoScatterRecv(op, rp + 8 * ro if rs[p] else None, rs[p], row_bytes, p, h,
-                                 stream)
-        if r != _lib.SUCCESS and first is None:
-            first = (r, lib.fuscoGetLastError(h))
-        so += ss[p]
-        ro += rs[p]
-    # Always ended, so the group state is clean and the peers are not left waiting.
-    r = lib.fuscoGroupEnd()
-    if first is not None:
-        raise FuscoError(first[0], (first[1] or b"").decode("utf-8", "replace"))
-    check(r, h, "fusco.all_to_all")
+    exchange(comm, [(input, output)], send_rows, ss, recv_rows, rs, "fusco.all_to_all")
     return output

@@ -2,7 +2,8 @@
 the opt-in alias package (plugins/torch/deep_ep_alias). DeepEP's V1 `Buffer` (normal and
 low-latency modes), `Config`, `EventHandle`, `EventOverlap` and `topk_idx_t`; the calls,
 keywords and tensor layouts that Megatron-LM, vLLM and SGLang use, run on fusco's engine. What is
-supported, and what is refused with NotImplementedError, is listed in plugins/torch/README.md.
+supported, and what is refused with NotImplementedError, is listed in docs/API.md ("DeepEP
+compatibility").
 """
 import torch
 

@@ -16,6 +16,7 @@ from ..comm import Communicator
 from . import normal
 from .config import Config
 from .ll_calls import LowLatencyCalls
+from .low_latency import refuse
 from .utils import EventHandle, EventOverlap
 
 
@@ -29,11 +30,6 @@ def _device():
     if want == "cpu" or (not want and not torch.cuda.is_available()):
         return "cpu"
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def _refuse(flag, why):
-    if flag:
-        raise NotImplementedError("deep_ep (fusco): %s" % why)
 
 
 def _begin(previous_event, async_finish, allocate_on_comm_stream, what):
@@ -57,9 +53,9 @@ class Buffer(LowLatencyCalls):
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  use_fabric=False, explicitly_destroy=False, enable_shrink=False, comm=None,
                  is_intranode=None):
-        _refuse(enable_shrink, "enable_shrink=True (masking failed ranks) is not supported; "
+        refuse(enable_shrink, "enable_shrink=True (masking failed ranks) is not supported; "
                 "fusco reports a dead peer as an error on every survivor")
-        _refuse(comm is not None, "comm= (an mpi4py communicator) is not supported; pass a "
+        refuse(comm is not None, "comm= (an mpi4py communicator) is not supported; pass a "
                 "torch.distributed group")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)

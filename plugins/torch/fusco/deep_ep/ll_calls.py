@@ -8,11 +8,6 @@ from ..comm import check
 from . import low_latency as ll
 
 
-def _refuse(flag, why):
-    if flag:
-        raise NotImplementedError("deep_ep (fusco): %s" % why)
-
-
 class LowLatencyCalls:
     """low_latency_dispatch / low_latency_combine / their helpers, DeepEP's signatures."""
 
@@ -30,9 +25,9 @@ class LowLatencyCalls:
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
                              use_ue8m0=False, async_finish=False, return_recv_hook=False,
                              use_nvfp4=False, x_global_scale=None):
-        _refuse(round_scale or use_ue8m0, "round_scale / use_ue8m0 (UE8M0 scales)")
-        _refuse(use_nvfp4, "use_nvfp4 (NVFP4 dispatch)")
-        _refuse(dispatch_wait_recv_cost_stats is not None, "dispatch_wait_recv_cost_stats")
+        ll.refuse(round_scale or use_ue8m0, "round_scale / use_ue8m0 (UE8M0 scales)")
+        ll.refuse(use_nvfp4, "use_nvfp4 (NVFP4 dispatch)")
+        ll.refuse(dispatch_wait_recv_cost_stats is not None, "dispatch_wait_recv_cost_stats")
         if async_finish and return_recv_hook:
             raise ValueError("deep_ep.low_latency_dispatch: async_finish and return_recv_hook "
                              "exclude each other")
@@ -77,9 +72,9 @@ class LowLatencyCalls:
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
                             zero_copy=False, async_finish=False, return_recv_hook=False, out=None,
                             combine_wait_recv_cost_stats=None, overlap=False, **sbo_keywords):
-        _refuse(use_logfmt, "use_logfmt (LogFMT combine)")
-        _refuse(overlap, "overlap=True (single-batch overlap)")
-        _refuse(combine_wait_recv_cost_stats is not None, "combine_wait_recv_cost_stats")
+        ll.refuse(use_logfmt, "use_logfmt (LogFMT combine)")
+        ll.refuse(overlap, "overlap=True (single-batch overlap)")
+        ll.refuse(combine_wait_recv_cost_stats is not None, "combine_wait_recv_cost_stats")
         if async_finish and return_recv_hook:
             raise ValueError("deep_ep.low_latency_combine: async_finish and return_recv_hook "
                              "exclude each other")

@@ -14,6 +14,12 @@ from ..comm import check
 from .utils import EventHandle, EventOverlap
 
 
+def refuse(flag, why):
+    """NotImplementedError naming a DeepEP feature fusco does not provide, when it is asked for."""
+    if flag:
+        raise NotImplementedError("deep_ep (fusco): %s" % why)
+
+
 class _CudaArray:
     """A device pointer with __cuda_array_interface__, for a zero-copy torch view."""
 

@@ -11,7 +11,8 @@ moved; nothing loops over rows in Python.
 """
 import torch
 
-from .exchange import all_gather_rows, exchange
+from .._rows import exchange
+from .exchange import all_gather_rows
 
 
 def check_topk(topk_idx, what):
