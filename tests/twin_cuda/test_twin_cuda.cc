@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,16 +23,12 @@
 #include <vector>
 
 #include "twin_cuda.h"
-
-extern char** environ;
+#include "twin_test.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int64_t msSince(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
-}
+using twintest::Clock;
+using twintest::msSince;
 
 // Kernel identities of the twin: any distinct address.
 const char kBusy = 0, kCopy = 0, kAppend = 0, kNeverLoaded = 0;
@@ -105,18 +100,6 @@ CUresult writeValue(cudaStream_t s, uint32_t* addr, uint32_t v) {
 
 void storeFlag(uint32_t* f, uint32_t v) { __atomic_store_n(f, v, __ATOMIC_SEQ_CST); }
 
-// A body run in a fresh process: returns 0 on success, else prints why and returns 1.
-#define CHILD_CHECK(cond)                                                      \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #cond); \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
-
-#define EXPECT_ISOLATED(body, regex) \
-  EXPECT_EXIT(_exit((body)()), ::testing::ExitedWithCode(0), regex)
-
 // ------------------------------------------------------------------ the exporting process
 // The peer of the IPC tests: this binary started again with TWIN_CUDA_TEST_ROLE=exporter. A
 // forked copy of a process whose CUDA context is live may not use CUDA (PG, "Initialization":
@@ -159,25 +142,12 @@ struct Exporter {
   bool start() {
     int a[2], b[2];
     if (pipe2(a, O_CLOEXEC) != 0 || pipe2(b, O_CLOEXEC) != 0) return false;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, a[0], 3);
-    posix_spawn_file_actions_adddup2(&fa, b[1], 4);
-    std::vector<std::string> env{"TWIN_CUDA_TEST_ROLE=exporter"};
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "GTEST_", 6) != 0) env.push_back(*e);
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(&s[0]);
-    envp.push_back(nullptr);
-    char arg0[] = "twin-exporter";
-    char* argv[] = {arg0, nullptr};
-    const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, envp.data());
-    posix_spawn_file_actions_destroy(&fa);
+    pid = twintest::spawnSelf("exporter", {}, {{a[0], 3}, {b[1], 4}});
     close(a[0]);
     close(b[1]);
     toChild = a[1];
     fromChild = b[0];
-    return rc == 0 && read(fromChild, &handle, sizeof handle) == sizeof handle;
+    return pid > 0 && read(fromChild, &handle, sizeof handle) == sizeof handle;
   }
   bool command(char c) { return write(toChild, &c, 1) == 1; }
   int finish() {

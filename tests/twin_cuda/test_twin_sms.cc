@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,33 +23,18 @@
 #include <vector>
 
 #include "twin_cuda.h"
-
-extern char** environ;
+#include "twin_test.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-int64_t msSince(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
-}
+using twintest::Clock;
+using twintest::msSince;
 
 int64_t nowNs() {  // CLOCK_MONOTONIC: one clock for every process of the machine
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return static_cast<int64_t>(t.tv_sec) * 1000000000LL + t.tv_nsec;
 }
-
-#define CHILD_CHECK(cond)                                                      \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "child check failed at line %d: %s\n", __LINE__, #cond); \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
-
-#define EXPECT_ISOLATED(body, regex) \
-  EXPECT_EXIT(_exit((body)()), ::testing::ExitedWithCode(0), regex)
 
 // What two grids (role 0 and 1, perhaps of two processes) tell each other.
 struct Words {
@@ -170,21 +154,8 @@ struct Peer {
   }
   bool start(unsigned sms) {
     if (!map()) return false;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd, 3);
-    std::vector<std::string> env{"TWIN_CUDA_TEST_ROLE=sm-peer",
-                                 "TWIN_SM_PEER_SMS=" + std::to_string(sms)};
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "GTEST_", 6) != 0) env.push_back(*e);
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(&s[0]);
-    envp.push_back(nullptr);
-    char arg0[] = "twin-sm-peer";
-    char* argv[] = {arg0, nullptr};
-    const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0;
+    pid = twintest::spawnSelf("sm-peer", {"TWIN_SM_PEER_SMS=" + std::to_string(sms)}, {{fd, 3}});
+    return pid > 0;
   }
   bool waitStarted() { return started(w, 1); }  // until the peer's grid runs
   int finish() {                                // the peer's exit status, 128 + signal when killed
