@@ -3,9 +3,20 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/log.h"
+#include "core/result.h"
 #include "device/device_ops.h"
 
 namespace fusco {
+
+fuscoResult_t copyBatchesTookAll(const std::vector<DevCopyTask>& tasks, size_t at, size_t slots) {
+  for (; at < tasks.size(); ++at)
+    if (copyTaskMoves(tasks[at]))
+      return FUSCO_FAIL(fuscoInternalError, kEngine,
+                        "%zu copy tasks do not fit the %zu batches reserved for them", tasks.size(),
+                        slots);
+  return fuscoSuccess;
+}
 
 namespace {
 

@@ -19,10 +19,10 @@ namespace fusco {
 
 namespace {
 
-constexpr int kBatch = 32;         // copy tasks per launch (kernel parameters, by value)
-constexpr int kCopyThreads = 256;  // 8 warps, one row each at a time
-constexpr int kUnroll = 4;         // 16-byte loads in flight per lane
-constexpr int kSumThreads = 128;   // one summed token per block
+constexpr int kBatch = kCopyBatchTasks;  // copy tasks per launch (kernel parameters, by value)
+constexpr int kCopyThreads = 256;        // 8 warps, one row each at a time
+constexpr int kUnroll = 4;               // 16-byte loads in flight per lane
+constexpr int kSumThreads = 128;         // one summed token per block
 
 struct alignas(16) CopyBatch {
   DevCopyTask t[kBatch];
@@ -30,6 +30,7 @@ struct alignas(16) CopyBatch {
   uint32_t vec;  // bit i: task i may use 16-byte accesses
   int n;
 };
+static_assert(kBatch <= 32, "CopyBatch::vec holds one bit per task");
 
 // Copies len bytes from s to each of the ndst destinations, with one warp.
 template <bool kVec>
@@ -369,7 +370,7 @@ void fillBatch(const std::vector<DevCopyTask>& tasks, size_t* at, CopyBatch* b) 
   *b = CopyBatch{};
   for (; *at < tasks.size() && b->n < kBatch; ++*at) {
     DevCopyTask t = tasks[*at];
-    if (t.totalBytes == 0 || t.nrows == 0) continue;
+    if (!copyTaskMoves(t)) continue;
     // Row addresses are base + index * rowBytes: 16-byte accesses need aligned bases and rows
     // (or a single row at the base itself).
     const bool single = t.nrows == 1 && !t.srcRows && !t.dstRows && !t.fanStart;
@@ -406,12 +407,7 @@ fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void*
   CopyBatch* out = static_cast<CopyBatch*>(block);
   size_t at = 0;
   for (size_t i = 0; i < slots; ++i) fillBatch(tasks, &at, &out[i]);
-  for (; at < tasks.size(); ++at)
-    if (tasks[at].totalBytes != 0 && tasks[at].nrows != 0)
-      return FUSCO_FAIL(fuscoInternalError, kEngine,
-                        "%zu copy tasks do not fit the %zu batches reserved for them", tasks.size(),
-                        slots);
-  return fuscoSuccess;
+  return copyBatchesTookAll(tasks, at, slots);
 }
 
 fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream) {

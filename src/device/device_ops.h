@@ -49,6 +49,13 @@ bool hostCopyTask(const DevCopyTask& t, volatile uint32_t* beat,
 // to ntasks tasks, of deviceCopyBatchBytes each (16-byte aligned).
 size_t deviceCopyBatchBytes();
 size_t deviceCopyBatchSlots(size_t ntasks);
+// Tasks per batch, in the kernels and their twin alike.
+constexpr int kCopyBatchTasks = 32;
+// A task that moves bytes (a fill skips the others).
+inline bool copyTaskMoves(const DevCopyTask& t) { return t.totalBytes != 0 && t.nrows != 0; }
+// After a fill took tasks[0, at) into `slots` batches: an internal error if a task that moves
+// bytes is left over (the block was reserved for fewer).
+fuscoResult_t copyBatchesTookAll(const std::vector<DevCopyTask>& tasks, size_t at, size_t slots);
 fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void* block,
                                     size_t slots);
 fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream);

@@ -19,7 +19,7 @@ namespace fusco {
 
 namespace {
 
-constexpr size_t kBatch = 32;  // tasks per deferred batch, as the kernels' CopyBatch
+constexpr size_t kBatch = kCopyBatchTasks;  // tasks per deferred batch
 struct alignas(16) TwinBatch {
   uint64_t n;
   DevCopyTask t[kBatch];
@@ -119,14 +119,9 @@ fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void*
   for (size_t i = 0; i < slots; ++i) {
     b[i].n = 0;
     for (; at < tasks.size() && b[i].n < kBatch; ++at)
-      if (tasks[at].totalBytes != 0 && tasks[at].nrows != 0) b[i].t[b[i].n++] = tasks[at];
+      if (copyTaskMoves(tasks[at])) b[i].t[b[i].n++] = tasks[at];
   }
-  for (; at < tasks.size(); ++at)
-    if (tasks[at].totalBytes != 0 && tasks[at].nrows != 0)
-      return FUSCO_FAIL(fuscoInternalError, kEngine,
-                        "%zu copy tasks do not fit the %zu batches reserved for them", tasks.size(),
-                        slots);
-  return fuscoSuccess;
+  return copyBatchesTookAll(tasks, at, slots);
 }
 
 fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream) {
