@@ -7,6 +7,11 @@
 
 namespace fusco {
 
+namespace {
+// Dones kept ahead of this rank's operations: one per refused operation the peer ran ahead by.
+constexpr size_t kMaxEarlyDones = 4096;
+}  // namespace
+
 void BridgeLedger::expect(Shipment s, Landing l, bool posted) {
   shipments_.push_back({s, 0, posted});
   landings_.push_back({l, 0});
@@ -72,7 +77,13 @@ bool BridgeLedger::onSlice(const void* buf, size_t len, std::string* why) {
   return true;
 }
 
-bool BridgeLedger::onDone(uint32_t value, std::string* why) {
+bool BridgeLedger::onDone(uint32_t value, std::string* why, bool* early) {
+  if (landings_.empty() && early != nullptr && earlyDones_.size() < kMaxEarlyDones) {
+    earlyDones_.push_back(value);
+    *early = true;
+    return true;
+  }
+  if (early != nullptr) *early = false;
   if (landings_.empty()) {
     *why =
         "a done post (" + std::to_string(value) + ") for an operation this rank has not resolved";
@@ -86,6 +97,20 @@ bool BridgeLedger::onDone(uint32_t value, std::string* why) {
   }
   landings_.pop_front();
   return true;
+}
+
+int BridgeLedger::applyEarlyDone(uint32_t* value, std::string* why) {
+  if (earlyDones_.empty() || landings_.empty()) return 0;
+  const Open& o = landings_.front();
+  if (o.landed != o.l.bytes) {
+    *why = "a done post (" + std::to_string(earlyDones_.front()) + ") before the " +
+           std::to_string(o.l.bytes) + " bytes of its operation";
+    return -1;
+  }
+  *value = earlyDones_.front();
+  earlyDones_.pop_front();
+  landings_.pop_front();
+  return 1;
 }
 
 }  // namespace fusco

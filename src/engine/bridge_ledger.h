@@ -51,8 +51,14 @@ class BridgeLedger {
 
   // A slice from the peer: into the front landing. False (and *why) when it does not fit.
   bool onSlice(const void* buf, size_t len, std::string* why);
-  // The peer's done post: its landing must be complete. False (and *why) otherwise.
-  bool onDone(uint32_t value, std::string* why);
+  // The peer's done post: its landing must be complete. False (and *why) otherwise. With `early`,
+  // a done that comes before this rank registered its operation is kept (*early true) instead:
+  // a peer's refused operation needs no stream work, so its empty done may run ahead of this
+  // rank's resolve. applyEarlyDone then completes the landing once it is registered.
+  bool onDone(uint32_t value, std::string* why, bool* early = nullptr);
+  // After expect: 1 and *value when a kept done completes the front landing (the caller raises
+  // the done word to it), 0 when none is kept, -1 (*why) when the landing expects rows.
+  int applyEarlyDone(uint32_t* value, std::string* why);
   size_t landingsPending() const { return landings_.size(); }
   size_t shipmentsPending() const { return shipments_.size(); }
 
@@ -68,6 +74,7 @@ class BridgeLedger {
     size_t landed = 0;
   };
   std::deque<Open> landings_;
+  std::deque<uint32_t> earlyDones_;
   uint32_t readySent_ = 0, doneSent_ = 0;
 };
 

@@ -151,7 +151,8 @@ void traceTimes(const Pending& pd, fuscoResult_t r) {
 }
 
 // Every operation a remote pair shares is registered with the network bridge before its GO, with
-// the rows it moves (none when the pair did not agree, or the operation failed).
+// the rows it moves (none when the pair did not agree, or the operation failed). A peer that is
+// out of step breaks the comm, as a wrong message from it does.
 void expectBridged(Communicator& c, const Pending& pd, const DeviceTasks& t) {
   NetBridge* bridge = c.bridge();
   if (bridge == nullptr) return;
@@ -160,7 +161,13 @@ void expectBridged(Communicator& c, const Pending& pd, const DeviceTasks& t) {
     DeviceTasks::Bridged b;
     if (t.ready && p < t.bridged.size()) b = t.bridged[p];
     // A captured operation (refused across nodes) posts its graph words, never the bridge's.
-    bridge->expect(static_cast<int>(p), b.send, b.sendBytes, b.recv, b.recvBytes, !pd.op.captured);
+    if (bridge->expect(static_cast<int>(p), b.send, b.sendBytes, b.recv, b.recvBytes,
+                       !pd.op.captured) == fuscoSuccess)
+      continue;
+    const std::string why = threadLastError();
+    c.markBroken(fuscoRemoteError, why);
+    c.progress()->release(fuscoRemoteError, why);
+    return;
   }
 }
 

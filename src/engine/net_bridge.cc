@@ -108,9 +108,24 @@ fuscoResult_t NetBridge::areas(int peer, size_t sendBytes, size_t recvBytes, Are
   return fuscoSuccess;
 }
 
-void NetBridge::expect(int peer, const char* send, size_t sendBytes, char* recv, size_t recvBytes,
-                       bool posted) {
-  peers_[index_[peer]].ledger.expect({send, sendBytes}, {recv, recvBytes}, posted);
+fuscoResult_t NetBridge::expect(int peer, const char* send, size_t sendBytes, char* recv,
+                                size_t recvBytes, bool posted) {
+  Peer& p = peers_[index_[peer]];
+  p.ledger.expect({send, sendBytes}, {recv, recvBytes}, posted);
+  uint32_t value = 0;
+  std::string why;
+  const int early = p.ledger.applyEarlyDone(&value, &why);
+  if (early > 0) raiseWord(p, 1, value);
+  if (early >= 0) return fuscoSuccess;
+  return FUSCO_FAIL(fuscoRemoteError, kEngine,
+                    "rank %d sent %s over the network bridge; the ranks are out of step", p.rank,
+                    why.c_str());
+}
+
+void NetBridge::raiseWord(const Peer& p, int kind, uint32_t value) {
+  std::atomic_thread_fence(std::memory_order_release);  // the landed rows before the word
+  volatile uint32_t* word = waitWord(p, kind);
+  if (seqAfter(value, *word)) *word = value;  // released words may be ahead already
 }
 
 // This rank's posts to the peer, and the rows each done post ships first, as far as the channel
@@ -155,12 +170,11 @@ fuscoResult_t NetBridge::onMessage(Peer& p, uint32_t tag, const void* buf, size_
   } else {
     PostWire w{};
     if (len == sizeof(w)) std::memcpy(&w, buf, sizeof(w));
-    ok = len == sizeof(w) && w.kind <= 1 && (w.kind == 0 || p.ledger.onDone(w.value, &why));
-    if (ok) {
-      std::atomic_thread_fence(std::memory_order_release);  // the landed rows before the word
-      volatile uint32_t* word = waitWord(p, static_cast<int>(w.kind));
-      if (seqAfter(w.value, *word)) *word = w.value;  // released words may be ahead already
-    } else if (why.empty()) {
+    bool early = false;  // kept until this rank registers the operation (expect)
+    ok = len == sizeof(w) && w.kind <= 1 && (w.kind == 0 || p.ledger.onDone(w.value, &why, &early));
+    if (ok && !early) {
+      raiseWord(p, static_cast<int>(w.kind), w.value);
+    } else if (!ok && why.empty()) {
       why = "a malformed post";
     }
   }

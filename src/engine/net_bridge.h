@@ -59,9 +59,10 @@ class NetBridge {
   fuscoResult_t reserve(int peer, size_t sendBytes, size_t recvBytes);
   // Registers the operation (every operation the pair shares, in order, before its GO): ship
   // `send` after the stream's next done post, land the peer's next rows in `recv`.
-  // posted: BridgeLedger::expect.
-  void expect(int peer, const char* send, size_t sendBytes, char* recv, size_t recvBytes,
-              bool posted);
+  // posted: BridgeLedger::expect. A done the peer posted before this rank got here completes the
+  // landing now (BridgeLedger::applyEarlyDone); fuscoRemoteError when it cannot.
+  fuscoResult_t expect(int peer, const char* send, size_t sendBytes, char* recv, size_t recvBytes,
+                       bool posted);
 
   // Moves what is due: posts and slices out, slices and posts in. *busy: this rank still owes a
   // peer something (the progress thread keeps polling); *moved: something went out or came in.
@@ -86,6 +87,8 @@ class NetBridge {
     std::deque<std::pair<uint32_t, std::string>> kept;  // engine messages met by the pump
   };
   volatile uint32_t* waitWord(const Peer& p, int kind) const;
+  // The peer's post `kind` reached `value`: the word the stream waits on, after the landed rows.
+  void raiseWord(const Peer& p, int kind, uint32_t value);
   volatile uint32_t* postWord(const Peer& p, int kind) const;
   fuscoResult_t grow(Buffer* b, size_t bytes);
   fuscoResult_t pumpOut(Peer& p, bool* busy, bool* moved);

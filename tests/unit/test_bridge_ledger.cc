@@ -149,6 +149,31 @@ TEST(BridgeLedger, LandingsFillInOrderAndCompleteOnlyWithTheirDone) {
   EXPECT_NE(why.find("not resolved"), std::string::npos) << why;
 }
 
+// A peer's refused operation needs no stream work, so its empty done may arrive before this rank
+// registers the operation: it is kept and completes the landing once expect registers it; a done
+// kept ahead of an operation that expects rows is an error naming them.
+TEST(BridgeLedger, ADoneAheadOfItsOperationIsKeptUntilTheOperationIsRegistered) {
+  BridgeLedger l;
+  std::string why;
+  bool early = false;
+  ASSERT_TRUE(l.onDone(1, &why, &early)) << why;
+  EXPECT_TRUE(early);
+  ASSERT_TRUE(l.onDone(2, &why, &early)) << why;
+  uint32_t value = 0;
+  EXPECT_EQ(l.applyEarlyDone(&value, &why), 0) << "nothing registered yet";
+  l.expect({nullptr, 0}, {nullptr, 0}, false);
+  ASSERT_EQ(l.applyEarlyDone(&value, &why), 1) << why;
+  EXPECT_EQ(value, 1u);
+  EXPECT_EQ(l.landingsPending(), 0u);
+  std::vector<char> rows(4, 0);
+  l.expect({nullptr, 0}, {rows.data(), rows.size()});
+  EXPECT_EQ(l.applyEarlyDone(&value, &why), -1) << "done 2 came before its 4 bytes";
+  EXPECT_NE(why.find("before the 4 bytes"), std::string::npos) << why;
+  BridgeLedger strict;  // without `early`, a done before its operation is an error at once
+  EXPECT_FALSE(strict.onDone(1, &why));
+  EXPECT_NE(why.find("not resolved"), std::string::npos) << why;
+}
+
 // A channel of `slots` slots of `slotBytes` between a sender's and a receiver's ledger: seeded
 // operations of random sizes (zeros included) move byte for byte; while the receiver stops
 // reading, nothing more goes out and the sender still owes the rest.
