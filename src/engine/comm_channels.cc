@@ -4,7 +4,7 @@
 #include "core/log.h"
 #include "core/result.h"
 #include "engine/communicator.h"
-#include "engine/net_bridge.h"
+#include "exec/net_bridge.h"
 
 namespace fusco {
 
@@ -12,8 +12,7 @@ namespace fusco {
 // (net_bridge.h), which the progress thread pumps.
 fuscoResult_t Communicator::startBridge() {
   if (nodes_.numNodes <= 1) return fuscoSuccess;
-  bridge_ = std::make_unique<NetBridge>(*this);
-  FUSCO_CHECK(bridge_->init());
+  FUSCO_CHECK(exec_.startBridge(*this));
   FUSCO_INFO(kInit,
              "peers on other nodes: rows staged through %s memory and the network transport, "
              "driven by the progress thread",
@@ -28,16 +27,17 @@ bool Communicator::pumpBridge() {
   // A broken or aborted comm owes its peers nothing more (their waits are released too).
   if (brokenResult() != fuscoSuccess || abortRequested()) return false;
   bool busy = false, moved = false;
-  const fuscoResult_t r = bridge_->pump(&busy, &moved);
-  // progress_ is null while its destructor still pumps (teardown).
+  const fuscoResult_t r = exec_.bridge()->pump(&busy, &moved);
+  // The progress thread is gone (null) while its destructor still pumps (teardown).
   if (r == fuscoSuccess) {
-    if (moved && progress_) progress_->noteProgress();  // rows on the move are progress
+    if (moved && exec_.progress())
+      exec_.progress()->noteProgress();  // rows on the move are progress
     return busy;
   }
   const std::string why = threadLastError();
   FUSCO_WARN(kEngine, "%s", why.c_str());
   markBroken(r, why);
-  if (progress_) progress_->releaseWaits();
+  if (exec_.progress()) exec_.progress()->releaseWaits();
   return false;
 }
 
@@ -47,20 +47,21 @@ void Communicator::stepTransports() {
 }
 
 void Communicator::progressTransports() {
-  if (bridge_ && progress_ && progress_->onThread())
+  if (exec_.bridge() && exec_.progress() && exec_.progress()->onThread())
     pumpBridge();
   else
     stepTransports();
 }
 
 fuscoResult_t Communicator::pollPeer(int peer, const void** buf, size_t* len, uint32_t* tag) {
-  if (bridge_ && bridge_->remote(peer)) return bridge_->poll(peer, buf, len, tag);
+  if (exec_.bridge() && exec_.bridge()->remote(peer))
+    return exec_.bridge()->poll(peer, buf, len, tag);
   const PeerConn& pc = conns_[peer];
   return pc.ops->recvPoll(pc.tc, peer, buf, len, tag);
 }
 
 fuscoResult_t Communicator::releasePeer(int peer) {
-  if (bridge_ && bridge_->remote(peer)) return bridge_->release(peer);
+  if (exec_.bridge() && exec_.bridge()->remote(peer)) return exec_.bridge()->release(peer);
   const PeerConn& pc = conns_[peer];
   return pc.ops->recvRelease(pc.tc, peer);
 }

@@ -20,12 +20,13 @@ FUSCO_PARAM_INT(CudaStagingBytes, "FUSCO_CUDA_STAGING_BYTES", 256 << 20, 4096, I
                 "buffers peers cannot write in place (grown on demand)");
 
 fuscoResult_t Communicator::setupWindow(CudaSetupWindow* w, const char* what) {
-  if (!progress_ || progress_->onThread()) return fuscoSuccess;  // there the guard decides
+  if (!exec_.progress() || exec_.progress()->onThread())
+    return fuscoSuccess;  // there the guard decides
   return w->open(timeoutMs(), what);
 }
 
 fuscoResult_t Communicator::guardSetup(const char* what) const {
-  return progress_ ? cudaGuardSetup(what) : fuscoSuccess;
+  return exec_.progress() ? cudaGuardSetup(what) : fuscoSuccess;
 }
 
 // Every kernel loaded before anything of this process can wait (kernel_load.h).
@@ -80,7 +81,8 @@ fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
   std::unique_lock<std::recursive_mutex> g(memMu_);
   auto& sc = scratch_[slot];
   CudaSetupWindow w;
-  if ((sc.second < bytes || sc.first == nullptr) && progress_ && !progress_->onThread()) {
+  if ((sc.second < bytes || sc.first == nullptr) && exec_.progress() &&
+      !exec_.progress()->onThread()) {
     // Growing allocates: a setup window first, then memMu_ again (lock order: window, memMu_).
     g.unlock();
     FUSCO_CHECK(setupWindow(&w, "growing the communicator's scratch"));
@@ -90,8 +92,8 @@ fuscoResult_t Communicator::scratch(int slot, size_t bytes, char** ptr) {
     // On a CUDA comm enqueued work may still use the old buffer, and freeing device memory waits
     // for the device, whose streams may wait for this comm's progress thread: it is kept until
     // the comm goes.
-    if (sc.first != nullptr && progress_) retiredScratch_.push_back(sc.first);
-    if (sc.first != nullptr && !progress_) FUSCO_CHECK(memFree(sc.first));
+    if (sc.first != nullptr && exec_.progress()) retiredScratch_.push_back(sc.first);
+    if (sc.first != nullptr && !exec_.progress()) FUSCO_CHECK(memFree(sc.first));
     sc = {nullptr, 0};
     size_t grow = std::max(bytes, bytes + bytes / 4);  // headroom for the next, larger call
     void* p = nullptr;

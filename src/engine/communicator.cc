@@ -16,10 +16,10 @@
 #include "device/cuda_rt.h"
 #include "device/device_share.h"
 #include "device/kernel_load.h"
-#include "engine/engine_async.h"
-#include "engine/net_bridge.h"
 #include "engine/peer_info.h"
-#include "engine/stream_ops.h"
+#include "exec/device_queue.h"
+#include "exec/net_bridge.h"
+#include "exec/stream_ops.h"
 
 namespace fusco {
 
@@ -90,9 +90,6 @@ FUSCO_PARAM_INT(ChunkBytes, "FUSCO_CHUNK_BYTES", kDefaultChunkBytes, kMinChunkBy
                 "pipeline slice size in bytes (4 KiB to 256 MiB)");
 FUSCO_PARAM_INT(PipelineDepth, "FUSCO_PIPELINE_DEPTH", 0, 0, kMaxDepth,
                 "slices in flight per peer (0: auto, 4)");
-
-FUSCO_PARAM_INT(LivenessMs, "FUSCO_LIVENESS_MS", 100, 1, INT32_MAX,
-                "how often a waiting rank checks that its peers are alive, in milliseconds");
 
 // Bytes of a version-1 fuscoConfig_t, which ended at pipelineDepth (padded as the struct is).
 constexpr size_t kConfigV1Bytes = (offsetof(fuscoConfig_t, maxSms) + alignof(fuscoConfig_t) - 1) /
@@ -204,17 +201,17 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   c->devSendSeq_.assign(nranks, 0);
   c->devRecvSeq_.assign(nranks, 0);
   if (opts.memType == fuscoMemCuda) {
-    c->streamOps_ = cudaStreamOps();
+    c->exec_.setStreamOps(cudaStreamOps());
     FUSCO_CHECK(c->startStreams());
     FUSCO_CHECK(c->mapInitialStaging());
   } else if (paramAsyncHost() != 0) {
     FUSCO_CHECK(c->twinFlags());
     if (!c->twinPeerFlags_.empty() || nranks == 1) {
-      c->streamOps_ = hostStreamOps(c->ctx_.timeoutMs, c->twinBeatWord(c->twinOwnFlags_));
+      c->exec_.setStreamOps(hostStreamOps(c->ctx_.timeoutMs, c->twinBeatWord(c->twinOwnFlags_)));
       FUSCO_CHECK(c->startStreams());
       Communicator* self = c.get();
-      c->progress_->setBeat([self](int p) { return self->streamBeat(p); });
-      c->streamOps_->setMotion([self] { return self->streamMotion(); });
+      c->exec_.progress()->setBeat([self](int p) { return self->streamBeat(p); });
+      c->exec_.streamOps()->setMotion([self] { return self->streamMotion(); });
       FUSCO_INFO(kInit,
                  "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
                  "twin of the stream");
@@ -308,18 +305,18 @@ fuscoResult_t Communicator::connectTransports() {
 // The parameter queue and the progress thread of the enqueue-only engine (engine_async.h).
 fuscoResult_t Communicator::startAsync() {
   Communicator* self = this;
-  deviceQueue_ = std::make_unique<DeviceQueue>();
-  FUSCO_CHECK(deviceQueue_->init(static_cast<size_t>(paramCudaParamBytes()), streamOps_.get()));
+  FUSCO_CHECK(exec_.startQueue(static_cast<size_t>(paramCudaParamBytes())));
   const int device = device_;
-  progress_ = std::make_unique<Progress>(
+  exec_.setProgress(std::make_unique<Progress>(
       ctx_.timeoutMs, paramLivenessMs(), [self](int p) { return self->checkPeer(p); },
       [self](fuscoResult_t r, const std::string& why) { self->markBroken(r, why); },
       [device] {
         if (device < 0) return;
         cudaSetCurrent(device);
         cudaRelaxCaptureOnThisThread();  // allocations while the caller captures a graph
-      });
-  if (bridge_ && bridge_->any()) progress_->setPump([self] { return self->pumpBridge(); });
+      }));
+  if (exec_.bridge() && exec_.bridge()->any())
+    exec_.progress()->setPump([self] { return self->pumpBridge(); });
   return fuscoSuccess;
 }
 
@@ -409,8 +406,8 @@ void Communicator::noteCapture() { startIdleCheck(); }
 
 // Once per comm: the idle progress thread checks the peers and the watches every liveness period.
 void Communicator::startIdleCheck() {
-  if (!progress_ || idleChecking_.exchange(true)) return;
-  progress_->setIdleCheck([this] { idleCheck(); });
+  if (!exec_.progress() || idleChecking_.exchange(true)) return;
+  exec_.progress()->setIdleCheck([this] { idleCheck(); });
 }
 
 fuscoResult_t Communicator::agreeOnOutcome(const std::string& failure, int* failed,
@@ -463,7 +460,7 @@ fuscoResult_t Communicator::checkUsable(const char* fn) {
 
 void Communicator::checkIdlePeers() {
   // A call in flight on another thread watches the peers itself.
-  if (progress_ || activeCalls.load() > 1) return;
+  if (exec_.progress() || activeCalls.load() > 1) return;
   if (nowNs() - lastCallNs_.load() < ctx_.timeoutMs * 1000000LL) return;
   breakOnDeadPeer();
 }
@@ -471,7 +468,7 @@ void Communicator::checkIdlePeers() {
 // The idle progress thread of a comm with captured operations: a dead peer breaks the comm, and
 // while it is broken every graph wait of this rank is released (a replay may start any time).
 void Communicator::checkGraphPeers() {
-  if (breakOnDeadPeer()) progress_->releaseWaits();
+  if (breakOnDeadPeer()) exec_.progress()->releaseWaits();
   if (brokenResult() == fuscoSuccess) return;
   for (int p = 0; p < nranks_; ++p) {
     DeviceFlags f;
@@ -519,8 +516,8 @@ fuscoResult_t Communicator::agreeOnDevices(fuscoResult_t status, const std::stri
 }
 
 fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
-  if (bridge_ && bridge_->remote(peer)) {
-    bridge_->flags(peer, out);
+  if (exec_.bridge() && exec_.bridge()->remote(peer)) {
+    exec_.bridge()->flags(peer, out);
     return fuscoSuccess;
   }
   if (!twinPeerFlags_.empty()) {
@@ -542,13 +539,13 @@ fuscoResult_t Communicator::deviceFlags(int peer, DeviceFlags* out) const {
 
 Communicator::~Communicator() {
   CudaSetupWindow window;  // open for the frees below as well
-  if (progress_) {
+  if (exec_.progress()) {
     // Operations still queued run first (each bounded by the timeout); streams may still wait for
     // peers: let them finish (or release them), then let the GPU drain before the memory they use
     // goes away.
-    if (abortRequested()) progress_->releaseWaits();
-    progress_->runSync([] { return fuscoSuccess; });
-    progress_->drain();
+    if (abortRequested()) exec_.progress()->releaseWaits();
+    exec_.progress()->runSync([] { return fuscoSuccess; });
+    exec_.progress()->drain();
     // This comm's waits are satisfied or released; the device work of other comms may still wait
     // for their progress threads: the synchronize and frees below run once nothing waits
     // (docs/DESIGN.md, "The CUDA rules"); past the timeout the guard skips them, leaking rather
@@ -556,11 +553,8 @@ Communicator::~Communicator() {
     if (window.open(timeoutMs(), "destroying a communicator") != fuscoSuccess)
       FUSCO_WARN(kEngine, "%s", threadLastError().c_str());
     if (device_ >= 0) cudaDeviceSyncQuiet();
-    if (streamOps_) streamOps_->drain();  // the host twin's stream
-    progress_.reset();
-    deviceQueue_.reset();
-    bridge_.reset();
-    streamOps_.reset();
+    if (exec_.streamOps()) exec_.streamOps()->drain();  // the host twin's stream
+    exec_.close();
   }
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);
@@ -602,7 +596,7 @@ void Communicator::markBroken(fuscoResult_t r, const std::string& msg) {
   // No stream of a broken comm may keep waiting (the progress thread releases its own waits).
   // Outside brokenMu_: the progress thread calls markBroken holding its own lock
   // (Progress::release), so taking that lock under brokenMu_ here would invert the order.
-  if (progress_ && !progress_->onThread()) progress_->releaseWaits();
+  if (exec_.progress() && !exec_.progress()->onThread()) exec_.progress()->releaseWaits();
 }
 
 void Communicator::beginCall(bool collective) {

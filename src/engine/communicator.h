@@ -14,7 +14,8 @@
 #include "core/bootstrap.h"
 #include "core/fault.h"
 #include "core/topology.h"
-#include "engine/progress.h"
+#include "exec/bridge_link.h"
+#include "exec/exec_room.h"
 #include "fusco.h"
 #include "transport/transport.h"
 
@@ -35,28 +36,15 @@ struct CommOptions {
 // size, magic and version and the range of its fields: fuscoInvalidArgument saying why otherwise.
 fuscoResult_t commOptionsFromConfig(const fuscoConfig_t* config, CommOptions* o);
 
-// FUSCO_LIVENESS_MS: how often a waiting rank checks that its peers are alive (engine waits and the
-// CUDA path's device watch), in milliseconds.
-int64_t paramLivenessMs();
-
 // A value every rank must pass alike in one call (a datatype, a size, a config field). The values
 // of a call ride in the headers of its first operation, which every rank exchanges with every
 // peer, so a difference fails that operation on every rank before any data moves.
 class CudaSetupWindow;  // core/cuda_guard.h
-class DeviceQueue;      // engine_async.h
-class StreamOps;        // stream_ops.h
-class NetBridge;        // net_bridge.h
 
 struct AgreeValue {
   const char* name;  // the argument or field, as the error message names it
   uint64_t value;
   std::string (*show)(uint64_t) = nullptr;  // how the message prints a value; nullptr: decimal
-};
-
-// One peer's connection: the transport that carries it.
-struct PeerConn {
-  const TransportOps* ops = nullptr;  // nullptr for self
-  TransportComm* tc = nullptr;
 };
 
 // The communicator's scratch slots (Communicator::scratch), one per use, so no two uses that can
@@ -70,24 +58,24 @@ enum ScratchSlot : int {
   kInPlaceScratch = 5,     // CUDA in-place fuscoAllToAll: a copy of the send side
 };
 
-class Communicator {
+class Communicator final : public BridgeLink {
  public:
   static fuscoResult_t create(const fuscoUniqueId& id, int nranks, int rank,
                               const CommOptions& opts, std::unique_ptr<Communicator>* out);
-  ~Communicator();
+  ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const { return rank_; }
-  int nranks() const { return nranks_; }
-  const NodeMap& nodes() const { return nodes_; }
+  int rank() const override { return rank_; }
+  int nranks() const override { return nranks_; }
+  const NodeMap& nodes() const override { return nodes_; }
   fuscoMemType_t memType() const { return ctx_.memType; }
   int64_t timeoutMs() const { return ctx_.timeoutMs; }
-  size_t chunkBytes() const { return ctx_.chunkBytes; }
-  int depth() const { return ctx_.depth; }
-  const PeerConn& conn(int peer) const { return conns_[peer]; }
+  size_t chunkBytes() const override { return ctx_.chunkBytes; }
+  int depth() const override { return ctx_.depth; }
+  const PeerConn& conn(int peer) const override { return conns_[peer]; }
   // fuscoSuccess while peer is alive (its transport's checkPeer; always for this rank itself).
-  fuscoResult_t checkPeer(int peer) const {
+  fuscoResult_t checkPeer(int peer) const override {
     const PeerConn& pc = conns_[peer];
     return pc.ops != nullptr ? pc.ops->checkPeer(pc.tc, peer) : fuscoSuccess;
   }
@@ -223,14 +211,14 @@ class Communicator {
   uint32_t nextDeviceRecvSeq(int peer) { return ++devRecvSeq_[peer]; }
   // The progress thread (progress.h) and the enqueued operations (engine_async.h) of a CUDA comm;
   // nullptr on host comms.
-  Progress* progress() { return progress_.get(); }
-  DeviceQueue* deviceQueue() { return deviceQueue_.get(); }
-  StreamOps* streamOps() { return streamOps_.get(); }
+  Progress* progress() { return exec_.progress(); }
+  DeviceQueue* deviceQueue() { return exec_.queue(); }
+  StreamOps* streamOps() override { return exec_.streamOps(); }
   // The network bridge of an enqueue-only comm with ranks on other nodes; nullptr otherwise.
-  NetBridge* bridge() { return bridge_.get(); }
+  NetBridge* bridge() { return exec_.bridge(); }
   // A host comm whose calls run through the enqueue-only engine on a host twin of the stream
   // (FUSCO_ASYNC_HOST=1, stream_ops.h).
-  bool hostTwin() const { return memType() == fuscoMemHost && streamOps_ != nullptr; }
+  bool hostTwin() const { return memType() == fuscoMemHost && exec_.streamOps() != nullptr; }
   // How far the host twin's stream of `peer` (-1: this rank) has come: a word its stream raises
   // as it finishes each item and copy task, which peers on the node read (the progress thread's
   // timeout restarts while the ranks it waits for keep moving); 0 without a twin.
@@ -317,13 +305,10 @@ class Communicator {
   std::map<void*, std::pair<void*, size_t>> registrations_;  // handle -> range
   int device_ = -1;
   std::vector<uint32_t> devSendSeq_, devRecvSeq_;
-  std::unique_ptr<StreamOps> streamOps_;  // outlives the queue and the progress thread
-  std::unique_ptr<NetBridge> bridge_;     // outlives the progress thread
   fuscoResult_t startBridge();
   bool pumpBridge();
   void stepTransports();
-  std::unique_ptr<DeviceQueue> deviceQueue_;
-  std::unique_ptr<Progress> progress_;  // after deviceQueue_: joined before it is freed
+  ExecRoom exec_;  // stream ops, bridge, queue, progress thread (exec/exec_room.h)
   std::mutex asyncMu_;
   fuscoResult_t asyncError_ = fuscoSuccess, asyncEngineResult_ = fuscoSuccess;
   std::string asyncWhy_;

@@ -15,7 +15,7 @@
 #include "engine/engine_device.h"
 #include "engine/engine_wire.h"
 #include "engine/op_runner.h"
-#include "engine/stream_ops.h"
+#include "exec/stream_ops.h"
 
 namespace fusco {
 

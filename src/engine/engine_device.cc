@@ -6,8 +6,8 @@
 #include "core/log.h"
 #include "core/result.h"
 #include "device/device_ops.h"
-#include "engine/net_bridge.h"
 #include "engine/op_runner.h"
+#include "exec/net_bridge.h"
 
 namespace fusco {
 

@@ -13,10 +13,8 @@ enum : uint32_t {
   kTagHeader = 0x48445231,
   kTagVerdict = 0x56524431,
   kTagData = 0x44415431,
-  kTagDirectDone = 0x44444e31,
-  kTagBridgePost = 0x42505331,  // the network bridge (net_bridge.h): a ready or done post
-  kTagBridgeRows = 0x42525731   // and a slice of an operation's rows
-};
+  kTagDirectDone = 0x44444e31
+};  // the network bridge's own tags are in exec/net_bridge.h
 
 constexpr uint64_t kStagedToken = ~0ull;
 // Set in a recvExtents entry when the offer is for a shared layout (rows the sender knows), not

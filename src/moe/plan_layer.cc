@@ -364,7 +364,7 @@ fuscoResult_t LayerRun::exchangeFanLists(const ArgCheck& b) {
 // The progress thread's wait for a capacity plan's summary (copied back by its stream), bounded
 // by the comm's timeout and its peers' liveness.
 // It runs on the progress thread, so like every wait there it keeps the transports (and a network
-// bridge's posts, engine/net_bridge.h, which the earlier operations need) moving on every poll.
+// bridge's posts, exec/net_bridge.h, which the earlier operations need) moving on every poll.
 fuscoResult_t waitSummary(MoeHandle& h) {
   Communicator& c = *h.comm;
   int64_t lastLive = nowNs();

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/log.h"
-#include "engine/progress.h"
+#include "exec/progress.h"
 #include "moe/moe.h"
 #include "moe/moe_op.h"
 

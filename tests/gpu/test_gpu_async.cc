@@ -1,4 +1,4 @@
-// Calls on CUDA comms only enqueue (src/engine/engine_async.h, src/engine/progress.h): each call
+// Calls on CUDA comms only enqueue (src/engine/engine_async.h, src/exec/progress.h): each call
 // puts a fixed skeleton on its stream and returns; the comm's progress thread exchanges the call's
 // headers with the peers' progress threads later and lets the stream go on. So a call returns at
 // once even when a peer has not reached it yet, a disagreement between ranks is found after the

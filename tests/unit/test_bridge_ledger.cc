@@ -1,4 +1,4 @@
-// The network bridge's bookkeeping (engine/bridge_ledger.h): posts passed on once, each
+// The network bridge's bookkeeping (exec/bridge_ledger.h): posts passed on once, each
 // operation's rows in slices of a slot before its done post, counters that wrap, a channel
 // without credits, landings filled in order and checked, and a sender and a receiver joined by a
 // channel of few slots moving seeded random operations byte for byte.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/bridge_ledger.h"
+#include "exec/bridge_ledger.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include "core/clock.h"
 #include "core/cuda_guard.h"
 #include "core/result.h"
-#include "engine/progress.h"
+#include "exec/progress.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The progress thread of a CUDA comm (engine/progress.h), on host memory: jobs in order, runSync
+// The progress thread of a CUDA comm (exec/progress.h), on host memory: jobs in order, runSync
 // after earlier jobs with the job's error message, watched waits satisfied, released on a dead
 // peer or the timeout, and a thread that sleeps when idle.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/result.h"
-#include "engine/progress.h"
+#include "exec/progress.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // over the rail chosen for the pair (see ucx_comm.h for the protocol). Peers on the same node use
 // shm (host memory) or cuda_ipc (device memory); this transport scores -1 there. No registered
 // memory: peers on other nodes cannot map it, so the engine stages every message through the
-// channel (a CUDA comm's through its network bridge, engine/net_bridge.h).
+// channel (a CUDA comm's through its network bridge, exec/net_bridge.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>

@@ -22,6 +22,10 @@
 
 namespace fusco {
 
+// FUSCO_LIVENESS_MS: how often a waiting rank checks that its peers are alive (engine waits and the
+// CUDA path's device watch), in milliseconds.
+int64_t paramLivenessMs();
+
 class Progress {
  public:
   // checkPeer: fuscoSuccess while the peer is alive; fail(result, message): break the comm.

@@ -1,4 +1,4 @@
-#include "engine/stream_ops.h"
+#include "exec/stream_ops.h"
 
 #include <algorithm>
 #include <chrono>

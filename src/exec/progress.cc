@@ -1,4 +1,4 @@
-#include "engine/progress.h"
+#include "exec/progress.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,10 +7,14 @@
 #include "core/clock.h"
 #include "core/cuda_guard.h"
 #include "core/log.h"
+#include "core/params.h"
 #include "core/result.h"
 #include "core/seq_compare.h"
 
 namespace fusco {
+
+FUSCO_PARAM_INT(LivenessMs, "FUSCO_LIVENESS_MS", 100, 1, INT32_MAX,
+                "how often a waiting rank checks that its peers are alive, in milliseconds");
 
 Progress::Progress(int64_t timeoutMs, int64_t livenessMs,
                    std::function<fuscoResult_t(int)> checkPeer,

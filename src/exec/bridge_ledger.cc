@@ -1,4 +1,4 @@
-#include "engine/bridge_ledger.h"
+#include "exec/bridge_ledger.h"
 
 #include <algorithm>
 #include <cstring>

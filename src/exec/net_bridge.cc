@@ -1,4 +1,4 @@
-#include "engine/net_bridge.h"
+#include "exec/net_bridge.h"
 
 #include <atomic>
 #include <cstring>
@@ -7,9 +7,8 @@
 #include "core/log.h"
 #include "core/result.h"
 #include "core/seq_compare.h"
-#include "engine/communicator.h"
-#include "engine/engine_wire.h"
-#include "engine/stream_ops.h"
+#include "exec/progress.h"
+#include "exec/stream_ops.h"
 
 namespace fusco {
 

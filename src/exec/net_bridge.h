@@ -22,12 +22,17 @@
 #include <utility>
 #include <vector>
 
-#include "engine/bridge_ledger.h"
+#include "exec/bridge_ledger.h"
+#include "exec/bridge_link.h"
 #include "transport/transport.h"
 
 namespace fusco {
 
-class Communicator;
+// The bridge's messages on a peer's channel, beside the engine's (engine_wire.h).
+enum : uint32_t {
+  kTagBridgePost = 0x42505331,  // a ready or done post
+  kTagBridgeRows = 0x42525731   // a slice of an operation's rows
+};
 
 class NetBridge {
  public:
@@ -36,7 +41,7 @@ class NetBridge {
     char* mapped = nullptr;  // where the stream's kernels do
   };
 
-  explicit NetBridge(Communicator& c) : c_(c) {}
+  explicit NetBridge(BridgeLink& c) : c_(c) {}
   ~NetBridge();
   NetBridge(const NetBridge&) = delete;
   NetBridge& operator=(const NetBridge&) = delete;
@@ -96,7 +101,7 @@ class NetBridge {
   // A bridge message from the peer (tag, payload): *handled false when it is the engine's.
   fuscoResult_t onMessage(Peer& p, uint32_t tag, const void* buf, size_t len, bool* handled);
 
-  Communicator& c_;
+  BridgeLink& c_;
   std::vector<int> index_;  // per rank: its entry in peers_, -1 for ranks on this node
   std::vector<Peer> peers_;
   std::vector<char*> retired_;  // outgrown areas (host addresses), freed with the bridge
