@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device/op_steps.h"
 #include "device/reduce_math.h"
 
 namespace fusco {
@@ -127,22 +128,8 @@ FUSCO_HD inline bool badSlot(const int64_t* ids, uint32_t k, uint32_t numExperts
 }
 
 // Release / acquire on words other ranks read and write (system scope: peers are processes).
-FUSCO_HD inline uint64_t loadAcquire(const uint64_t* p) {
-#if defined(__CUDA_ARCH__)
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-#else
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#endif
-}
-FUSCO_HD inline void storeRelease(uint64_t* p, uint64_t v) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#else
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#endif
-}
+using op::loadAcquire;
+using op::storeRelease;
 
 FUSCO_HD inline float bf16Value(uint16_t h) { return asFloat(static_cast<uint32_t>(h) << 16); }
 FUSCO_HD inline float divRn(float a, float b) {
