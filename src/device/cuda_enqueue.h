@@ -1,5 +1,5 @@
 // The enqueue face of the CUDA runtime as the CUDA path uses it (docs/DESIGN.md, "The CUDA
-// rules"): calls that never wait for the device (stream memory operations, asynchronous copies,
+// rules"): calls that never wait for the device (kernel launches, asynchronous copies,
 // events, queries), the only ones the code after an operation's first wait may make: the rest of
 // an enqueue, the progress thread and the network bridge see this header alone, and a file
 // compiled with FUSCO_ENQUEUE_FACE (CMakeLists.txt) fails to compile if it includes the setup face
@@ -23,16 +23,6 @@ fuscoResult_t cudaSetCurrent(int device);
 
 // Whether p is device memory or managed memory (false for host memory and unknown pointers).
 bool cudaIsDevicePointer(const void* p);
-
-// Stream-ordered 32-bit flag operations on memory the device can reach (DeviceFlags), in order
-// and in one driver call: write `value` after all prior work of the stream, or wait until
-// (int32)(*flag - value) >= 0.
-struct StreamFlagOp {
-  void* devAddr;
-  uint32_t value;
-  bool wait;
-};
-fuscoResult_t cudaStreamFlags(void* stream, const std::vector<StreamFlagOp>& ops);
 
 // The CUDA allocation holding p: its base and size (fuscoInvalidArgument if p is not in one).
 fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes);

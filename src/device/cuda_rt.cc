@@ -97,40 +97,6 @@ bool cudaIsDevicePointer(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-fuscoResult_t cudaStreamFlags(void* stream, const std::vector<StreamFlagOp>& ops) {
-  using BatchFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
-  static BatchFn fn = driverFn<BatchFn>("cuStreamBatchMemOp");
-  if (fn == nullptr)
-    return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine, "cuStreamBatchMemOp is unavailable");
-  constexpr size_t kMaxBatch = 128;  // the driver takes fewer than 256 per call
-  std::vector<CUstreamBatchMemOpParams> p;
-  for (size_t at = 0; at < ops.size(); at += kMaxBatch) {
-    const size_t n = std::min(kMaxBatch, ops.size() - at);
-    p.assign(n, CUstreamBatchMemOpParams{});
-    for (size_t i = 0; i < n; ++i) {
-      const StreamFlagOp& o = ops[at + i];
-      const CUdeviceptr a = reinterpret_cast<CUdeviceptr>(o.devAddr);
-      if (o.wait) {
-        p[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-        p[i].waitValue.address = a;
-        p[i].waitValue.value = o.value;
-        p[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-      } else {
-        p[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-        p[i].writeValue.address = a;
-        p[i].writeValue.value = o.value;
-        p[i].writeValue.flags = 0;
-      }
-    }
-    CUresult r = fn(static_cast<CUstream>(stream), static_cast<unsigned>(n), p.data(), 0);
-    if (r != CUDA_SUCCESS)
-      return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine,
-                        "cuStreamBatchMemOp of %zu flag operations failed (CUresult %d)", n,
-                        static_cast<int>(r));
-  }
-  return fuscoSuccess;
-}
-
 fuscoResult_t cudaAllocationRange(const void* p, void** base, size_t* bytes) {
   static RangeFn fn = driverFn<RangeFn>("cuMemGetAddressRange");
   if (fn == nullptr)
@@ -427,7 +393,6 @@ fuscoResult_t cudaUseDevice(int, int*) { return notBuilt(); }
 fuscoResult_t cudaDeviceIdentity(int, std::string*) { return notBuilt(); }
 fuscoResult_t cudaSetCurrent(int) { return notBuilt(); }
 bool cudaIsDevicePointer(const void*) { return false; }
-fuscoResult_t cudaStreamFlags(void*, const std::vector<StreamFlagOp>&) { return notBuilt(); }
 fuscoResult_t cudaCopyToHostSync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaCopyAsync(void*, const void*, size_t, void*) { return notBuilt(); }
 fuscoResult_t cudaCopySync(void*, const void*, size_t) { return notBuilt(); }
@@ -471,7 +436,7 @@ size_t deviceCopyBatchSlots(size_t) { return 0; }
 fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>&, void*, size_t) {
   return notBuilt();
 }
-fuscoResult_t deviceCopyDeferred(const void*, size_t, void*) { return notBuilt(); }
+fuscoResult_t deviceLaunchOp(char*, uint32_t, uint32_t, void*) { return notBuilt(); }
 fuscoResult_t deviceFinalSum(fuscoDataType_t, size_t, const DevFinalSum&, void*) {
   return notBuilt();
 }

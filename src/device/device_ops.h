@@ -44,9 +44,9 @@ bool hostCopyTask(const DevCopyTask& t, volatile uint32_t* beat,
                   const CopyRangeCheck* check = nullptr);
 
 // Deferred copies: a block of batches in memory the device reads (pinned and mapped), filled by
-// the host later (deviceFillCopyBatches) and read by the kernel when the stream reaches it; the
-// stream must wait for the fill (a flag) before the launch. deviceCopyBatchSlots: batches for up
-// to ntasks tasks, of deviceCopyBatchBytes each (16-byte aligned).
+// the host later (deviceFillCopyBatches) and read by an operation's kernel (op_program.h, its
+// copy steps) once its GO passed. deviceCopyBatchSlots: batches for up to ntasks tasks, of
+// deviceCopyBatchBytes each (16-byte aligned).
 size_t deviceCopyBatchBytes();
 size_t deviceCopyBatchSlots(size_t ntasks);
 // Tasks per batch, in the kernels and their twin alike.
@@ -58,7 +58,12 @@ inline bool copyTaskMoves(const DevCopyTask& t) { return t.totalBytes != 0 && t.
 fuscoResult_t copyBatchesTookAll(const std::vector<DevCopyTask>& tasks, size_t at, size_t slots);
 fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void* block,
                                     size_t slots);
-fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream);
+// One launch of an operation's program (op_program.h): steps [first, first + count) of the
+// pinned block whose device address is `block`, on `stream`; the waits are the kernel's own.
+fuscoResult_t deviceLaunchOp(char* block, uint32_t first, uint32_t count, void* stream);
+// One launch of an operation's program (op_program.h): steps [first, first + count) of the
+// pinned block at `block` (its device address), on `stream`. The waits are the kernel's own.
+fuscoResult_t deviceLaunchOp(char* block, uint32_t first, uint32_t count, void* stream);
 
 // A copy of `bytes` contiguous bytes, in 64 KiB pieces (one warp each) with a clipped last piece.
 inline DevCopyTask flatCopyTask(const void* src, void* dst, uint64_t bytes) {

@@ -18,9 +18,11 @@ std::string connectionsWarning(const char* maxConnections) {
   const long n = std::strtol(maxConnections, &end, 10);
   if (end == maxConnections || *end != '\0' || n >= 4) return "";
   return "CUDA_DEVICE_MAX_CONNECTIONS=" + std::string(maxConnections) +
-         ": fusco's waits for peers are stream memory operations, which hold their hardware "
-         "queue; with so few queues, a call waiting for a late peer also holds back the work the "
-         "caller puts on its other streams until the peer comes (within the timeout)";
+         ": an operation waits for its peers inside its one kernel, but a MoE combine that reads "
+         "its peers' buffers runs its reading kernel between two launches of its operation, and "
+         "that kernel heads its hardware queue while the first launch waits; with so few queues, "
+         "a combine waiting for a late peer also holds back the work the caller puts on its other "
+         "streams until the peer comes (within the timeout)";
 }
 
 int64_t sharedSms(int64_t sms, int ranks) {

@@ -72,6 +72,7 @@ class KernelLoader {
 // Each kernel source's loader (kernel_load.cu runs them all).
 fuscoResult_t loadCopyKernels(KernelLoader& l);
 fuscoResult_t loadPlanKernels(KernelLoader& l);
+fuscoResult_t loadOpKernel(KernelLoader& l);
 fuscoResult_t loadLlKernels(KernelLoader& l);
 
 }  // namespace fusco

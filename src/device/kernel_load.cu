@@ -26,6 +26,7 @@ std::mutex gLoadMu;
 
 fuscoResult_t loadAll(KernelLoader* l) {
   FUSCO_CHECK(loadCopyKernels(*l));
+  FUSCO_CHECK(loadOpKernel(*l));
   FUSCO_CHECK(loadPlanKernels(*l));
   return loadLlKernels(*l);
 }

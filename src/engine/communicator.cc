@@ -16,6 +16,7 @@
 #include "device/cuda_rt.h"
 #include "device/device_share.h"
 #include "device/kernel_load.h"
+#include "device/op_steps.h"
 #include "engine/peer_info.h"
 #include "exec/device_queue.h"
 #include "exec/net_bridge.h"
@@ -302,6 +303,15 @@ fuscoResult_t Communicator::connectTransports() {
   return fuscoSuccess;
 }
 
+// A wait of an operation's kernel that gave up after the timeout, as the comm's error: "" while
+// none did.
+static std::string kernelTimeout(const DeviceQueue& q) {
+  uint32_t peer = 0, phase = 0;
+  if (!q.timedOut(&peer, &phase)) return std::string();
+  return "an operation's kernel waited for rank " + std::to_string(peer) + " (" +
+         op::phaseName(phase) + ") without progress for twice the timeout";
+}
+
 // The parameter queue and the progress thread of the enqueue-only engine (engine_async.h).
 fuscoResult_t Communicator::startAsync() {
   Communicator* self = this;
@@ -315,6 +325,8 @@ fuscoResult_t Communicator::startAsync() {
         cudaSetCurrent(device);
         cudaRelaxCaptureOnThisThread();  // allocations while the caller captures a graph
       }));
+  DeviceQueue* q = exec_.queue();
+  exec_.progress()->setAbort([q] { q->abort(); }, [q] { return kernelTimeout(*q); });
   if (exec_.bridge() && exec_.bridge()->any())
     exec_.progress()->setPump([self] { return self->pumpBridge(); });
   return fuscoSuccess;

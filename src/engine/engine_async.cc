@@ -14,32 +14,13 @@
 #include "device/cuda_enqueue.h"
 #include "device/device_ops.h"
 #include "engine/engine_device.h"
+#include "engine/op_launch.h"
 #include "engine/op_runner.h"
 #include "exec/net_bridge.h"
 
 namespace fusco {
 
 namespace {
-
-// Where one operation's parameters lie in its block.
-struct ParamLayout {
-  size_t slotsA = 0, slotsB = 0;  // copy batches before and after "done"
-  size_t offA = kParamHeader, offB = 0, offBases = 0, offAligned = 0, bytes = 0;
-};
-
-ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, size_t tasksA, size_t tasksB) {
-  ParamLayout l;
-  const size_t batch = ops.batchBytes();
-  if (!op.pullRun) {
-    l.slotsA = ops.batchSlots(tasksA);
-    l.slotsB = ops.batchSlots(tasksB);
-  }
-  l.offB = l.offA + l.slotsA * batch;
-  l.offBases = l.offB + l.slotsB * batch;
-  l.offAligned = l.offBases + (op.pullRun ? n * sizeof(char*) : 0);
-  l.bytes = l.offAligned + 16;
-  return l;
-}
 
 // One operation between the caller and the progress thread.
 struct Pending {
@@ -88,103 +69,6 @@ void expectBridged(Communicator& c, const Pending& pd, const DeviceTasks& t) {
     c.progress()->release(fuscoRemoteError, why);
     return;
   }
-}
-
-// The flags of every involved pair and this operation's counter for each, both directions.
-struct PairFlags {
-  std::vector<DeviceFlags> flags;
-  std::vector<uint32_t> sendSeq, recvSeq;
-  std::vector<bool> involved;
-  StreamOps* ops = nullptr;
-  bool graph = false;  // a captured operation (kinds 2 and 3, binary semaphores)
-  bool pull = false;   // a pull operation: "ready" is kind 1, its first handshake
-
-  fuscoResult_t init(Communicator& c, const std::vector<bool>& inv, const Op& op) {
-    const int n = c.nranks();
-    involved = inv;
-    ops = c.streamOps();
-    graph = op.captured;
-    pull = static_cast<bool>(op.pullRun);
-    flags.assign(n, {});
-    sendSeq.assign(n, 0), recvSeq.assign(n, 0);
-    for (int p = 0; p < n; ++p) {
-      if (!involved[p]) continue;
-      FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
-      sendSeq[p] = c.nextDeviceSendSeq(p);
-      recvSeq[p] = c.nextDeviceRecvSeq(p);
-    }
-    return fuscoSuccess;
-  }
-  // The flag word of `kind`. A graph's semaphores go by handshake position (kind 2 for an
-  // operation's first handshake, 3 for its second), so that any sequence of push and pull
-  // operations alternates them and no post can be reset by the waiter of the previous one.
-  int word(int kind) const {
-    if (!graph) return kind;
-    const bool first = pull ? kind == 1 : kind == 0;
-    return first ? 2 : 3;
-  }
-  // Stream-ordered: writes flag `kind` of every involved peer (as a sender: sendSeq), in one
-  // driver call...
-  fuscoResult_t post(void* s, int kind, bool asSender) const {
-    std::vector<StreamFlagOp> list;
-    for (size_t p = 0; p < involved.size(); ++p) {
-      if (!involved[p]) continue;
-      const uint32_t v = graph ? 1 : asSender ? sendSeq[p] : recvSeq[p];
-      list.push_back({flags[p].devPost[word(kind)], v, false});
-    }
-    return ops->flags(s, list);
-  }
-  // ... and waits for each peer's flag `kind`, each wait watched by the progress thread (a graph's
-  // waits: then reset for the next replay, released by the idle check when the comm breaks).
-  fuscoResult_t await(Communicator& c, void* s, int kind, bool asSender, const char* what) const {
-    std::vector<StreamFlagOp> waits, resets;
-    for (size_t p = 0; p < involved.size(); ++p) {
-      if (!involved[p]) continue;
-      if (graph) {
-        waits.push_back({flags[p].devWait[word(kind)], 1, true});
-        resets.push_back({flags[p].devWait[word(kind)], 0, false});
-        continue;
-      }
-      const uint32_t seq = asSender ? sendSeq[p] : recvSeq[p];
-      waits.push_back({flags[p].devWait[kind], seq, true});
-      // Watched (and counted by the guard, core/cuda_guard.h) before the stream holds it.
-      c.progress()->add(static_cast<int>(p), flags[p].hostWait[kind], seq, what);
-    }
-    FUSCO_CHECK(ops->flags(s, waits));
-    return ops->flags(s, resets);
-  }
-};
-
-// The stream's part of an operation (engine_async.h).
-fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_t index,
-                            const ParamLayout& l, const ParamBlock& b) {
-  DeviceQueue& q = *c.deviceQueue();
-  void* s = op.stream;
-  StreamOps& ops = *c.streamOps();
-  // From here on nothing of this thread may wait for the device (docs/DESIGN.md, "The CUDA
-  // rules"): the guard counts GO before the stream holds it.
-  c.progress()->add(-1, q.goHost(), static_cast<uint32_t>(index), "the call's peers to agree");
-  FUSCO_CHECK(ops.flags(s, {{q.goDev(), static_cast<uint32_t>(index), true}}));
-  // The parameters into device memory once: the kernels read them there, not across the bus.
-  FUSCO_CHECK(ops.copy(s, b.mirror + l.offA, b.host + l.offA, l.bytes - l.offA));
-  const char* dev = b.mirror;
-  if (op.pullRun) {
-    FUSCO_CHECK(f.post(s, 1, true));  // "ready" to every reader
-    FUSCO_CHECK(f.await(c, s, 1, false, "its buffer to be ready"));
-    FUSCO_CHECK(op.pullRun(reinterpret_cast<const char* const*>(dev + l.offBases),
-                           reinterpret_cast<const uint32_t*>(dev + l.offAligned), s));
-    FUSCO_CHECK(f.post(s, 0, false));  // "done reading" to every owner
-    FUSCO_CHECK(f.await(c, s, 0, true, "it to finish reading"));
-  } else {
-    FUSCO_CHECK(f.post(s, 0, false));  // this rank's buffers may be written
-    FUSCO_CHECK(f.await(c, s, 0, true, "its buffers to be free"));
-    FUSCO_CHECK(ops.copyDeferred(s, dev + l.offA, l.slotsA));
-    FUSCO_CHECK(f.post(s, 1, true));  // the data is in place
-    FUSCO_CHECK(f.await(c, s, 1, false, "its data"));
-    FUSCO_CHECK(ops.copyDeferred(s, dev + l.offB, l.slotsB));
-  }
-  // A captured operation's parameters are its own: nothing to hand back to the ring.
-  return op.captured ? fuscoSuccess : ops.flags(s, {{b.mapped, 1, false}});
 }
 
 // The progress thread's part: the rounds, then the parameters, then GO.
@@ -301,17 +185,19 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   if (op.firstInCall) op.agree.push_back({"capture into a CUDA graph", op.captured ? 1u : 0u});
   std::vector<bool> involved(n, false);
   size_t tasksA = 0, tasksB = 0;
+  int peers = 0;
   for (int p = 0; p < n; ++p) {
     involved[p] = p != me && (op.collective || !op.peers[p].empty());
     if (p == me || involved[p]) tasksA += op.peers[p].sends.size();
     if (involved[p]) tasksB += op.peers[p].recvs.size();
+    peers += involved[p] ? 1 : 0;
   }
   refuseBridged(c, involved, &op);
   FUSCO_CHECK(setupBeforeWaits(c, involved, &op));
   auto pd = std::make_shared<Pending>(std::move(op));
   pd->involved = involved;
   Op& o = pd->op;
-  pd->layout = layoutFor(*c.streamOps(), o, n, tasksA, tasksB);
+  pd->layout = layoutFor(*c.streamOps(), o, n, peers, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
   if (o.captured) {
     CudaSetupWindow w;  // the parameters of a captured operation are allocated for it

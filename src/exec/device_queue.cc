@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
+#include "device/op_steps.h"
 
 namespace fusco {
 
@@ -18,8 +19,6 @@ FUSCO_PARAM_INT(CudaParamBytes, "FUSCO_CUDA_PARAM_BYTES", 4 << 20, 64 << 10, INT
 DeviceQueue::~DeviceQueue() {
   if (ops_ == nullptr) return;
   for (void* p : graphParams_) ops_->freeMapped(p);
-  for (void* p : graphMirrors_) ops_->freeDevice(p);
-  ops_->freeDevice(ringMirror_);
   ops_->freeMapped(ringHost_);
   ops_->freeMapped(pageHost_);
 }
@@ -29,7 +28,6 @@ fuscoResult_t DeviceQueue::init(size_t ringBytes, StreamOps* ops) {
   FUSCO_CHECK(ops_->allocMapped(4096, &pageHost_, &pageDev_));
   std::memset(pageHost_, 0, 4096);
   FUSCO_CHECK(ops_->allocMapped(ringBytes, &ringHost_, &ringDev_));
-  FUSCO_CHECK(ops_->allocDevice(ringBytes, &ringMirror_));
   spans_ = RingSpans(ringBytes);
   return fuscoSuccess;
 }
@@ -69,28 +67,42 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
   }
   out->host = static_cast<char*>(ringHost_) + at;
   out->mapped = static_cast<char*>(ringDev_) + at;
-  out->mirror = static_cast<char*>(ringMirror_) + at;
   std::memset(out->host, 0, bytes);
   return fuscoSuccess;
 }
 
 fuscoResult_t DeviceQueue::graphParams(size_t bytes, ParamBlock* out) {
   std::lock_guard<std::mutex> g(mu_);
-  void *h = nullptr, *d = nullptr, *m = nullptr;
+  void *h = nullptr, *d = nullptr;
   FUSCO_CHECK(ops_->allocMapped(bytes, &h, &d));
   graphParams_.push_back(h);
-  FUSCO_CHECK(ops_->allocDevice(bytes, &m));
-  graphMirrors_.push_back(m);
   std::memset(h, 0, bytes);
   out->host = static_cast<char*>(h);
   out->mapped = static_cast<char*>(d);
-  out->mirror = static_cast<char*>(m);
   return fuscoSuccess;
 }
 
 void DeviceQueue::go(uint64_t index) {
   std::atomic_thread_fence(std::memory_order_seq_cst);  // parameters before the flag
   *goHost() = static_cast<uint32_t>(index);
+}
+
+void DeviceQueue::abort() {
+  if (pageHost_ == nullptr) return;
+  auto* w = reinterpret_cast<op::OpWords*>(static_cast<char*>(pageHost_) + kWordsAt);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  reinterpret_cast<volatile uint32_t*>(&w->abort)[0] = 1;
+}
+
+bool DeviceQueue::timedOut(uint32_t* peer, uint32_t* phase) const {
+  if (pageHost_ == nullptr) return false;
+  const auto* w = reinterpret_cast<const op::OpWords*>(static_cast<char*>(pageHost_) + kWordsAt);
+  const uint32_t p = reinterpret_cast<const volatile uint32_t*>(&w->timedOut)[0];
+  if (p == 0) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);  // the phase was written before the peer
+  *peer = p - 1;
+  *phase = reinterpret_cast<const volatile uint32_t*>(&w->phase)[0];
+  return true;
 }
 
 }  // namespace fusco

@@ -18,14 +18,13 @@ namespace fusco {
 // FUSCO_CUDA_PARAM_BYTES: the pinned ring that holds enqueued operations' parameters.
 int64_t paramCudaParamBytes();
 
-// One operation's parameters: written by the host (host), copied by its stream into device
-// memory (mirror) once GO passed, where its kernels read them. The first 64 bytes are a header:
-// its first word is set by the stream (through `mapped`, the device address of `host`) once the
-// operation is done with them.
+// One operation's parameters: its program (device/op_program.h) and copy batches, written by the
+// host (host) and read by its kernel where they lie (mapped, the stream's address of host). The
+// first 64 bytes are the program's header: its first word is set by the kernel once the operation
+// is done with them.
 struct ParamBlock {
   char* host = nullptr;
   char* mapped = nullptr;
-  char* mirror = nullptr;
 };
 constexpr size_t kParamHeader = 64;
 
@@ -49,12 +48,19 @@ class DeviceQueue {
                         const std::function<bool()>& stop, ParamBlock* out);
   volatile uint32_t* goHost() const { return word(0); }
   void* goDev() const { return static_cast<char*>(pageDev_) + 0; }
+  // The operations' abort and timeout words (device/op_steps.h OpWords), for their kernels.
+  void* wordsDev() const { return static_cast<char*>(pageDev_) + kWordsAt; }
+  // Every wait of every operation gives up from now on (the comm broke); sticky.
+  void abort();
+  // A wait of an operation's kernel passed the timeout: *peer and *phase say which (false: none).
+  bool timedOut(uint32_t* peer, uint32_t* phase) const;
   // Parameters of a captured operation: its own, zeroed, kept until the queue goes.
   fuscoResult_t graphParams(size_t bytes, ParamBlock* out);
   // The progress thread lets operation `index` run.
   void go(uint64_t index);
 
  private:
+  static constexpr size_t kWordsAt = 64;  // the OpWords in the page, after GO
   volatile uint32_t* word(size_t at) const {
     return reinterpret_cast<volatile uint32_t*>(static_cast<char*>(pageHost_) + at);
   }
@@ -66,11 +72,9 @@ class DeviceQueue {
   void* pageDev_ = nullptr;
   void* ringHost_ = nullptr;
   void* ringDev_ = nullptr;
-  void* ringMirror_ = nullptr;
   RingSpans spans_;
   uint64_t index_ = 0;
   std::vector<void*> graphParams_;
-  std::vector<void*> graphMirrors_;
 };
 
 }  // namespace fusco

@@ -89,9 +89,7 @@ void Progress::add(int peer, volatile uint32_t* flag, uint32_t expected, const c
   {
     std::lock_guard<std::mutex> g(mu_);
     if (released_) {
-      *flag = expected;  // the comm is broken: nothing may wait on it any more
-      releasedWaits_.push_back(Wait{peer, flag, expected, what});
-      cudaGuardWaitsDone(1);
+      cudaGuardWaitsDone(1);  // the comm is broken: the abort word ends this wait at once
       return;
     }
     if (waits_.empty()) lastProgress_ = nowNs();
@@ -144,16 +142,19 @@ bool Progress::sweep() {
   return waits_.size() != before;
 }
 
+// The streams' waits give up by themselves once the abort word is set; this thread stops
+// watching them (and the guard counting them).
 void Progress::releaseLocked() {
   released_ = true;
-  for (const Wait& w : waits_) {
-    if (!seqReached(*w.flag, w.expected)) *w.flag = w.expected;
-    releasedWaits_.push_back(w);
-  }
+  if (abort_) abort_();
   cudaGuardWaitsDone(waits_.size());
   waits_.clear();
-  for (const Wait& w : releasedWaits_)
-    if (!seqReached(*w.flag, w.expected)) *w.flag = w.expected;
+}
+
+void Progress::setAbort(std::function<void()> abort, std::function<std::string()> kernelTimeout) {
+  std::lock_guard<std::mutex> g(mu_);
+  abort_ = std::move(abort);
+  kernelTimeout_ = std::move(kernelTimeout);
 }
 
 void Progress::releaseAll(fuscoResult_t r, const std::string& why) {
@@ -169,18 +170,14 @@ void Progress::releaseWaits() {
   cv_.notify_all();
 }
 
-// Nothing to watch: sleep until work comes, or (released waits to hold, an idle check) wake every
-// liveness period.
+// Nothing to watch: sleep until work comes, or (an idle check) wake every liveness period.
 void Progress::idleStep(std::unique_lock<std::mutex>& lk) {
   auto woken = [&] { return stop_ || !waits_.empty() || !jobs_.empty(); };
-  const bool hold = released_ && !releasedWaits_.empty();
-  if (!hold && !idleCheck_) {
+  if (!idleCheck_) {
     cv_.wait(lk, woken);
     return;
   }
   if (cv_.wait_for(lk, std::chrono::nanoseconds(livenessNs_), woken)) return;
-  if (hold) releaseLocked();
-  if (!idleCheck_) return;
   std::function<void()> check = idleCheck_;
   lk.unlock();
   check();
@@ -213,6 +210,12 @@ bool Progress::beatsMoved(uint64_t* last) const {
 // One look at the waits: progress, dead peers (every liveness period), the timeout.
 void Progress::watchStep(std::unique_lock<std::mutex>& lk, int64_t* lastLive) {
   const int64_t now = nowNs();
+  const std::string kernel = kernelTimeout_ && !released_ ? kernelTimeout_() : std::string();
+  if (!kernel.empty()) {
+    FUSCO_WARN(kEngine, "%s", kernel.c_str());
+    releaseAll(fuscoTimeout, kernel);
+    return;
+  }
   const bool swept = sweep();
   if (beatsMoved(&lastBeats_) || swept) lastProgress_ = now;
   if (!waits_.empty() && now - *lastLive >= livenessNs_) {

@@ -56,9 +56,12 @@ class Progress {
   // Releases every wait at once and breaks the comm (an operation failed on this thread).
   void release(fuscoResult_t r, const std::string& why);
   // Releases every wait without breaking the comm (it is broken already, from another thread).
-  // Released waits stay released: while they exist the thread writes their values again every
-  // liveness period, since a live peer's stream may still post older values into the words.
   void releaseWaits();
+  // How a release reaches the streams: `abort` sets the word every wait of the operations' kernels
+  // reads (device/op_steps.h), so they give up by themselves; no stream wait is ever written to.
+  // `kernelTimeout` reports a wait a kernel gave up on after the timeout ("" while none did): the
+  // thread then breaks the comm with that message.
+  void setAbort(std::function<void()> abort, std::function<std::string()> kernelTimeout);
   // From now on the idle thread wakes every liveness period and runs `check` (a comm with
   // captured operations looks at its peers; progress.h's waits do not cover graph replays).
   void setIdleCheck(std::function<void()> check);
@@ -109,7 +112,8 @@ class Progress {
   bool jobReported_ = false;
   std::condition_variable watchCv_;
   std::vector<Wait> waits_;
-  std::vector<Wait> releasedWaits_;
+  std::function<void()> abort_;
+  std::function<std::string()> kernelTimeout_;
   bool stop_ = false, released_ = false;
   int64_t lastProgress_ = 0;
   std::function<uint32_t(int)> beat_;

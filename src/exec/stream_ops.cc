@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -15,8 +16,8 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/result.h"
-#include "core/seq_compare.h"
 #include "device/cuda_rt.h"
+#include "device/op_program.h"
 #include "device/row_copy.h"
 
 namespace fusco {
@@ -33,21 +34,8 @@ class CudaOps : public StreamOps {
     return cudaAllocMapped(bytes, host, mapped);
   }
   void freeMapped(void* host) override { cudaFreeMapped(host); }
-  fuscoResult_t allocDevice(size_t bytes, void** ptr) override {
-    CudaRelaxedCapture relaxed;  // the caller's stream may be capturing
-    return cudaAllocDevice(bytes, ptr);
-  }
-  void freeDevice(void* ptr) override {
-    if (ptr != nullptr) cudaFreeDevice(ptr);
-  }
   fuscoResult_t capturing(void* stream, bool* yes) override {
     return cudaStreamCapturing(stream, yes);
-  }
-  fuscoResult_t flags(void* stream, const std::vector<StreamFlagOp>& ops) override {
-    return ops.empty() ? fuscoSuccess : cudaStreamFlags(stream, ops);
-  }
-  fuscoResult_t copy(void* stream, void* dst, const void* src, size_t bytes) override {
-    return cudaCopyAsync(dst, src, bytes, stream);
   }
   size_t batchBytes() override { return deviceCopyBatchBytes(); }
   size_t batchSlots(size_t ntasks) override { return deviceCopyBatchSlots(ntasks); }
@@ -55,8 +43,8 @@ class CudaOps : public StreamOps {
                             size_t slots) override {
     return deviceFillCopyBatches(tasks, block, slots);
   }
-  fuscoResult_t copyDeferred(void* stream, const void* block, size_t slots) override {
-    return deviceCopyDeferred(block, slots, stream);
+  fuscoResult_t launchOp(void* stream, char* block, uint32_t first, uint32_t count) override {
+    return deviceLaunchOp(block, first, count, stream);
   }
 };
 
@@ -66,10 +54,6 @@ struct TwinBatch {
   uint64_t n;
   DevCopyTask t[kTwinBatch];
 };
-
-bool reached(const void* addr, uint32_t value) {
-  return seqReached(*static_cast<const volatile uint32_t*>(addr), value);
-}
 
 // The stream: a thread running its items in order; an item returns false while it must wait.
 class HostOps : public StreamOps {
@@ -95,34 +79,8 @@ class HostOps : public StreamOps {
     if (host != nullptr) cudaGuardSetup("freeing stream-mapped memory (host twin of cudaFreeHost)");
     std::free(host);
   }
-  fuscoResult_t allocDevice(size_t bytes, void** ptr) override {
-    void* m = nullptr;
-    return allocMapped(bytes, ptr, &m);
-  }
-  void freeDevice(void* ptr) override { freeMapped(ptr); }
   fuscoResult_t capturing(void*, bool* yes) override {
     *yes = false;
-    return fuscoSuccess;
-  }
-  fuscoResult_t flags(void*, const std::vector<StreamFlagOp>& ops) override {
-    for (const StreamFlagOp& o : ops) {
-      if (o.wait)
-        push([o] { return reached(o.devAddr, o.value); });
-      else
-        push([o] {
-          std::atomic_thread_fence(std::memory_order_seq_cst);
-          *static_cast<volatile uint32_t*>(o.devAddr) = o.value;
-          return true;
-        });
-    }
-    return fuscoSuccess;
-  }
-  fuscoResult_t copy(void*, void* dst, const void* src, size_t bytes) override {
-    push([dst, src, bytes] {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      std::memcpy(dst, src, bytes);
-      return true;
-    });
     return fuscoSuccess;
   }
   size_t batchBytes() override { return sizeof(TwinBatch); }
@@ -140,17 +98,20 @@ class HostOps : public StreamOps {
                         tasks.size(), slots);
     return fuscoSuccess;
   }
-  fuscoResult_t copyDeferred(void*, const void* block, size_t slots) override {
-    const TwinBatch* b = static_cast<const TwinBatch*>(block);
+  fuscoResult_t launchOp(void*, char* block, uint32_t first, uint32_t count) override {
+    auto st = std::make_shared<op::RunState>();
+    st->pc = first;
     volatile uint32_t* beat = beat_;
-    push([b, slots, beat] {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      for (size_t i = 0; i < slots; ++i)
-        for (uint64_t k = 0; k < b[i].n && k < kTwinBatch; ++k) {
-          hostCopyTask(b[i].t[k], beat);
-          if (beat != nullptr) *beat = *beat + 1;
-        }
-      return true;
+    push([block, first, count, st, beat] {
+      const auto copy = [beat](const op::Step& s) {
+        const TwinBatch* b = reinterpret_cast<const TwinBatch*>(s.addr);
+        for (size_t i = 0; i < s.value; ++i)
+          for (uint64_t k = 0; k < b[i].n && k < kTwinBatch; ++k) {
+            hostCopyTask(b[i].t[k], beat);
+            if (beat != nullptr) *beat = *beat + 1;
+          }
+      };
+      return op::runSteps(block, first + count, *st, static_cast<uint64_t>(nowNs()), copy);
     });
     return fuscoSuccess;
   }
@@ -195,9 +156,9 @@ void HostOps::run() {
   }
 }
 
-// Bounded: every wait of the stream is watched and released by the progress thread once nothing
-// moved for the comm's timeout; nothing moving for twice that is a bug, reported instead of
-// waiting on.
+// Bounded: every wait of the stream ends by itself (its word, the abort word the progress thread
+// sets once nothing moved for the comm's timeout, or its own bound); nothing moving for twice the
+// timeout is a bug, reported instead of waiting on.
 fuscoResult_t HostOps::drain() {
   std::unique_lock<std::mutex> lk(mu_);
   const auto limit = std::chrono::milliseconds(2 * timeoutMs_ + 1000);

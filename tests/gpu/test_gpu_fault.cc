@@ -163,10 +163,9 @@ TEST(GpuFaultKill, PeerKilledAfterEnqueueBeforeItsStreamRan) {
 // Class F (docs/TESTING.md, "Failure classes"): two warm-up calls make the fuscoMemAlloc receive
 // buffers in-place targets; then rank 3 enqueues its call behind a 3 s kernel and is killed 300 ms
 // later, while the survivors' calls wait for it. Each survivor must get fuscoRemoteError (or a
-// timeout) naming rank 3 within the timeout, and its stream must finish without a fault. Until
-// operations wait for their peers inside their own kernel, the dead peer's waits are released and
-// the survivors' copies run into its memory: ctest passes this test by the twin CUDA runtime's
-// "twin-cuda: illegal address" while they do.
+// timeout) naming rank 3 within the timeout, and its stream must finish without a fault. The
+// survivors' operations wait for it inside their kernels; the dead peer sets the abort word, and
+// from then on they touch none of its memory (a released wait let their copies run into it).
 TEST(GpuFaultKill, PeerKilledWhileSurvivorsWaitForIt) {
   FUSCO_GPU_REQUIRE();
   runRanks(

@@ -90,9 +90,8 @@ TEST(GpuStream, AllToAllReturnsBeforeEarlierStreamWorkFinishes) {
 // The one-connection stall (docs/TESTING.md, "Failure classes"): with
 // CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting) every stream shares one hardware queue.
 // Rank 1 enters its all-to-all 2 s late; rank 0's all-to-all is on stream A, then a tiny kernel on
-// stream B must finish within 200 ms. Until an operation waits for its peers inside its own
-// kernel, its host-released wait heads the only queue and ctest passes this test by "another
-// stream waited" while it does.
+// stream B must finish within 200 ms. An operation waits for its peers inside its one kernel,
+// which runs, so nothing of it heads the queue (a host-released stream wait did, for 2 s).
 TEST(GpuStream, LatePeerDoesNotHoldAnotherStreamWithOneConnection) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
@@ -107,6 +106,10 @@ TEST(GpuStream, LatePeerDoesNotHoldAnotherStreamWithOneConnection) {
           auto l = makeA2avLayout(fusco::test::uniformCountMatrix(2, count), 2, ctx.rank, 4, seed,
                                   false);
           DevBuf send = sendBufFor(comm, l, seed), recv = poisonedBuf(comm, l.sendElems * 4);
+          // The spin kernel is loaded first: its lazy load would wait for the device, which is
+          // not what this test measures.
+          CUDA_EXPECT_OK(spinAsync(b.get(), 0.0));
+          CUDA_EXPECT_OK(cudaStreamSynchronize(b.get()));
           if (ctx.rank == 1) usleep(2000 * 1000);
           FUSCO_EXPECT_OK(comm,
                           fuscoAllToAll(send.get(), recv.get(), count, fuscoInt32, comm, a.api()));

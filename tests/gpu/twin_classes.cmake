@@ -14,8 +14,6 @@
 set(_a "not mappable by its peers")        # A: a pull from a buffer exported inside the call
 set(_c "has not mapped it yet")             # C: staging exported inside a (captured) call
 set(_e "waited for the stream")             # E: a call that waits for earlier stream work
-set(_f "twin-cuda: illegal address")        # F: released waits run into a dead peer's memory
-set(_stall "another stream waited")         # the one-connection stall
 set(_or "|\\[  PASSED  \\] 1 test\\.")  # or the whole test passed
 set(_fusco_twin_classes
   "GpuMoeCombine.FirstCombineOfAnUnregisteredExpertOutIsExact" "${_a}"
@@ -44,9 +42,6 @@ set(_fusco_twin_classes
   "GpuGraph.MoeDispatchCombineReplays" "${_c}${_or}"
   "GpuMoeCapacity.ReplanOnlyEnqueuesBehindABusyStream" "${_e}"
   "GpuMoeCapacity.PlanDispatchCombineOnlyEnqueueAndMatchTheReference" "${_e}${_or}"
-  "GpuFaultKill.PeerKilledWhileSurvivorsWaitForIt" "${_f}"
-  "GpuFaultKill.PeerKilledAfterEnqueueBeforeItsStreamRan" "${_f}${_or}"
-  "GpuStream.LatePeerDoesNotHoldAnotherStreamWithOneConnection" "${_stall}"
 )
 list(LENGTH _fusco_twin_classes _n)
 math(EXPR _last "${_n} - 1")

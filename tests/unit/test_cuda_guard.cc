@@ -27,14 +27,21 @@ bool pendingBecomes(size_t n) {
   return fusco::cudaGuardPending() == n;
 }
 
+// aborts (may be null) counts the times the progress thread set the abort word.
 std::unique_ptr<Progress> quietProgress(int64_t timeoutMs, std::atomic<int>* broken,
-                                        std::string* why) {
-  return std::make_unique<Progress>(
+                                        std::string* why, std::atomic<int>* aborts = nullptr) {
+  auto p = std::make_unique<Progress>(
       timeoutMs, 5, [](int) { return fuscoSuccess; },
       [broken, why](fuscoResult_t, const std::string& w) {
         *why = w;
         broken->fetch_add(1);
       });
+  p->setAbort(
+      [aborts] {
+        if (aborts != nullptr) aborts->fetch_add(1);
+      },
+      [] { return std::string(); });
+  return p;
 }
 
 TEST(CudaGuard, SetupCallWhileAWaitIsPendingIsAnInternalErrorNamingTheCall) {
@@ -94,7 +101,8 @@ TEST(CudaGuard, WindowGivesUpAfterTheTimeoutNamingWhatItWasFor) {
 TEST(CudaGuard, ProgressCountsItsWaitsUntilSatisfiedOrReleased) {
   std::atomic<int> broken{0};
   std::string why;
-  auto p = quietProgress(10000, &broken, &why);
+  std::atomic<int> aborts{0};
+  auto p = quietProgress(10000, &broken, &why, &aborts);
   volatile uint32_t a = 0, b = 0;
   p->add(1, &a, 1, "rank 1's data");
   p->add(2, &b, 1, "rank 2's data");
@@ -104,7 +112,8 @@ TEST(CudaGuard, ProgressCountsItsWaitsUntilSatisfiedOrReleased) {
   EXPECT_TRUE(pendingBecomes(1));
   p->release(fuscoRemoteError, "a test breaks the comm");
   EXPECT_EQ(fusco::cudaGuardPending(), 0u);
-  EXPECT_EQ(b, 1u);  // released: the stream would go on
+  EXPECT_EQ(aborts.load(), 1);  // released: the abort word ends the kernel's wait
+  EXPECT_EQ(b, 0u);
   p.reset();
   EXPECT_EQ(fusco::cudaGuardPending(), 0u);
 }
@@ -133,7 +142,8 @@ TEST(CudaGuard, CatchesASetupCallOfAProgressJobWhileItsOperationWaits) {
 TEST(CudaGuard, WatchdogReleasesTheStreamsOfAJobStuckPastTheTimeout) {
   std::atomic<int> broken{0};
   std::string why;
-  auto p = quietProgress(200, &broken, &why);
+  std::atomic<int> aborts{0};
+  auto p = quietProgress(200, &broken, &why, &aborts);
   volatile uint32_t go = 0;
   p->add(-1, &go, 7, "the call's peers to agree");
   std::atomic<bool> leave{false};
@@ -146,7 +156,7 @@ TEST(CudaGuard, WatchdogReleasesTheStreamsOfAJobStuckPastTheTimeout) {
   for (int i = 0; i < 300 && broken.load() == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(broken.load(), 1);
-  EXPECT_EQ(go, 7u);  // the stream's GO wait was released
+  EXPECT_EQ(aborts.load(), 1);  // the kernel's GO wait was released through the abort word
   EXPECT_NE(why.find("stuck in cudaIpcOpenMemHandle"), std::string::npos) << why;
   EXPECT_EQ(fusco::cudaGuardPending(), 0u);
   leave = true;

@@ -1,6 +1,7 @@
 // The progress thread of a CUDA comm (exec/progress.h), on host memory: jobs in order, runSync
 // after earlier jobs with the job's error message, watched waits satisfied, released on a dead
-// peer or the timeout, and a thread that sleeps when idle.
+// peer or the timeout (by the abort word alone: a wait's own word is never written), a kernel's
+// timeout report, and a thread that sleeps when idle.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -81,17 +82,22 @@ TEST(Progress, SatisfiedWaitsLeaveTheCommAlone) {
 TEST(Progress, ReleasesWaitsAfterTheTimeoutAndNamesThePeer) {
   Broken b;
   auto p = makeProgress(&b, 100);
+  std::atomic<int> aborts{0};
+  p->setAbort([&aborts] { aborts++; }, [] { return std::string(); });
   volatile uint32_t flag = 0;
   p->add(2, &flag, 5, "its data");
   for (int i = 0; i < 200 && b.count == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(b.count.load(), 1);
   EXPECT_EQ(b.result, fuscoTimeout);
-  EXPECT_EQ(flag, 5u) << "the wait was released so the stream goes on";
+  EXPECT_EQ(aborts.load(), 1) << "the abort word ends the stream's waits";
+  EXPECT_EQ(flag, 0u) << "a wait's own word is never written";
   EXPECT_NE(b.why.find("rank 2"), std::string::npos) << b.why;
   volatile uint32_t later = 0;
   p->add(2, &later, 9, "its data");
-  EXPECT_EQ(later, 9u) << "a broken comm releases new waits at once";
+  p->drain();  // a broken comm watches no new wait: nothing to wait for
+  EXPECT_EQ(later, 0u);
+  EXPECT_EQ(b.count.load(), 1);
 }
 
 TEST(Progress, ReleasesWaitsWhenThePeerDies) {
@@ -99,6 +105,8 @@ TEST(Progress, ReleasesWaitsWhenThePeerDies) {
   auto p = makeProgress(&b, 60000, [](int peer) {
     return peer == 3 ? FUSCO_FAIL(fuscoRemoteError, fusco::kEngine, "rank 3 exited") : fuscoSuccess;
   });
+  std::atomic<int> aborts{0};
+  p->setAbort([&aborts] { aborts++; }, [] { return std::string(); });
   volatile uint32_t a = 0, c = 0;
   p->add(1, &a, 1, "its buffers to be free");
   p->add(3, &c, 1, "its data");
@@ -106,9 +114,34 @@ TEST(Progress, ReleasesWaitsWhenThePeerDies) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(b.count.load(), 1);
   EXPECT_EQ(b.result, fuscoRemoteError);
-  EXPECT_EQ(a, 1u);
-  EXPECT_EQ(c, 1u);
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(c, 0u);
   EXPECT_NE(b.why.find("rank 3"), std::string::npos) << b.why;
+}
+
+// A kernel's wait that gave up after its own bound (device/op_steps.h) breaks the comm with the
+// kernel's report, naming its peer and phase, while a wait is watched.
+TEST(Progress, AKernelsTimeoutBreaksTheCommWithItsReport) {
+  Broken b;
+  auto p = makeProgress(&b, 60000);
+  std::atomic<bool> timedOut{false};
+  std::atomic<int> aborts{0};
+  p->setAbort([&aborts] { aborts++; },
+              [&timedOut] {
+                return timedOut ? std::string("kernel waited for rank 4 (done)") : std::string();
+              });
+  volatile uint32_t flag = 0;
+  p->add(4, &flag, 1, "its data");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(b.count.load(), 0);
+  timedOut = true;
+  for (int i = 0; i < 400 && b.count == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(b.count.load(), 1);
+  EXPECT_EQ(b.result, fuscoTimeout);
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_NE(b.why.find("rank 4 (done)"), std::string::npos) << b.why;
 }
 
 TEST(Progress, SleepsWhenIdle) {

@@ -150,8 +150,8 @@ TEST(DeviceShare, TheSmBudgetCapsTheShareAndNeverLiftsIt) {
   EXPECT_EQ(fusco::budgetSms(4, 8, 2), 1);
 }
 
-// A CUDA comm says at init when CUDA_DEVICE_MAX_CONNECTIONS leaves fusco's waits sharing the
-// caller's hardware queues (Megatron-LM runs with 1).
+// A CUDA comm says at init when CUDA_DEVICE_MAX_CONNECTIONS leaves a combine's reading kernel
+// sharing the caller's hardware queues behind its waits (Megatron-LM runs with 1).
 TEST(DeviceShare, FewHardwareQueuesAreWarnedAbout) {
   EXPECT_NE(fusco::connectionsWarning("1").find("holds back the work"), std::string::npos);
   EXPECT_NE(fusco::connectionsWarning("2"), "");

@@ -7,12 +7,15 @@
 
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/datatype.h"
 #include "core/result.h"
 #include "device/device_ops.h"
 #include "device/kernel_grid.cuh"
+#include "device/op_program.h"
 #include "device/reduce.h"
 
 namespace fusco {
@@ -26,7 +29,7 @@ struct alignas(16) TwinBatch {
 };
 
 // Kernel identities: the addresses the twin knows each kernel by.
-const char kCopy = 0, kCopyDeferred = 0, kFinalSum = 0, kZeroRanges = 0;
+const char kCopy = 0, kFinalSum = 0, kZeroRanges = 0, kOp = 0;
 
 // Checks a range when the item runs (twincuda::checkAccess), naming the kernel.
 CopyRangeCheck checkerFor(const char* kernel) {
@@ -46,11 +49,26 @@ void runTasks(const std::vector<DevCopyTask>& tasks) {
 }
 
 void runDeferred(const TwinBatch* b, size_t slots) {
-  const CopyRangeCheck check = checkerFor("copyDeferredKernel");
-  if (!twincuda::checkAccess(b, slots * sizeof(TwinBatch), false, "copyDeferredKernel")) return;
+  const CopyRangeCheck check = checkerFor("opKernel");
+  if (!twincuda::checkAccess(b, slots * sizeof(TwinBatch), false, "opKernel")) return;
   for (size_t i = 0; i < slots; ++i)
     for (uint64_t k = 0; k < b[i].n && k < kBatch; ++k)
       if (!hostCopyTask(b[i].t[k], nullptr, &check)) return;
+}
+
+// An operation's launch (op_program.h) as one block: its waits spin on this kernel's thread,
+// yielding between polls, as the kernel's thread 0 spins on the GPU.
+void runOp(char* block, uint32_t first, uint32_t count) {
+  if (!twincuda::checkAccess(block, sizeof(op::Header) + (first + count) * sizeof(op::Step), false,
+                             "opKernel"))
+    return;
+  op::RunState st;
+  st.pc = first;
+  const auto copy = [](const op::Step& s) {
+    runDeferred(reinterpret_cast<const TwinBatch*>(s.addr), s.value);
+  };
+  while (!op::runSteps(block, first + count, st, static_cast<uint64_t>(nowNs()), copy))
+    std::this_thread::yield();
 }
 
 // One token of the combine sum (device_ops.h, DevFinalSum): each rank's group of terms summed and
@@ -124,14 +142,13 @@ fuscoResult_t deviceFillCopyBatches(const std::vector<DevCopyTask>& tasks, void*
   return copyBatchesTookAll(tasks, at, slots);
 }
 
-fuscoResult_t deviceCopyDeferred(const void* devBlock, size_t slots, void* stream) {
-  if (slots == 0) return fuscoSuccess;
+fuscoResult_t deviceLaunchOp(char* block, uint32_t first, uint32_t count, void* stream) {
+  if (count == 0) return fuscoSuccess;
   twincuda::Launch l;
-  l.kernel = &kCopyDeferred;
+  l.kernel = &kOp;
   l.stream = static_cast<cudaStream_t>(stream);
-  const auto* b = static_cast<const TwinBatch*>(devBlock);
-  l.body = [b, slots] { runDeferred(b, slots); };
-  return launched(twincuda::launch(std::move(l)), "launching the deferred row copy kernel");
+  l.body = [block, first, count] { runOp(block, first, count); };
+  return launched(twincuda::launch(std::move(l)), "launching an operation's kernel");
 }
 
 fuscoResult_t deviceFinalSum(fuscoDataType_t dt, size_t hidden, const DevFinalSum& f,
@@ -170,17 +187,18 @@ fuscoResult_t deviceZeroRowRanges(void* base, size_t rowBytes, const int64_t* ra
 // loading them is the device init's part (loadCopyKernels).
 [[maybe_unused]] const bool kCopyKernelsRegistered = [] {
   twincuda::registerKernel(&kCopy, "copyKernel");
-  twincuda::registerKernel(&kCopyDeferred, "copyDeferredKernel");
   twincuda::registerKernel(&kFinalSum, "finalSumKernel");
   twincuda::registerKernel(&kZeroRanges, "zeroRangesKernel");
+  twincuda::registerKernel(&kOp, "opKernel");
   return true;
 }();
 
 fuscoResult_t loadCopyKernels(KernelLoader& l) {
   FUSCO_CHECK(l.load(&kCopy, 256, nullptr));
-  FUSCO_CHECK(l.load(&kCopyDeferred, 256, nullptr));
   FUSCO_CHECK(l.load(&kFinalSum, 128, nullptr));
   return l.load(&kZeroRanges, 128, nullptr);
 }
+
+fuscoResult_t loadOpKernel(KernelLoader& l) { return l.load(&kOp, 256, nullptr); }
 
 }  // namespace fusco

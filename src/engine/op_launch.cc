@@ -1,0 +1,160 @@
+#include "engine/op_launch.h"
+
+#include <cstring>
+
+#include "core/result.h"
+#include "device/op_program.h"
+#include "exec/progress.h"
+#include "exec/stream_ops.h"
+
+namespace fusco {
+
+namespace {
+
+// A bound on one operation's steps with k involved peers: GO; per handshake a barrier, k posts,
+// k waits and (captured) a barrier and k clears; the copies; the consumed word after a barrier.
+size_t stepBound(int k) { return 9 + 6 * static_cast<size_t>(k); }
+
+// Writes an operation's steps into its block (host side); addresses are the stream's.
+class ProgramWriter {
+ public:
+  ProgramWriter(char* host, size_t room) : steps_(op::stepsOf(host)), room_(room) {}
+  fuscoResult_t wait(void* word, uint32_t value, int peer, uint32_t phase) {
+    return put({op::kStepWait, value, static_cast<uint32_t>(peer), phase, addr(word), 0, 0});
+  }
+  fuscoResult_t barrier() {
+    if (barriers_ == op::kBarriers)
+      return FUSCO_FAIL(fuscoInternalError, kEngine, "an operation needs more than %u barriers",
+                        op::kBarriers);
+    return put({op::kStepBarrier, 0, barriers_++, 0, 0, 0, 0});
+  }
+  fuscoResult_t post(void* word, uint32_t value, bool always = false) {
+    return put({op::kStepPost, value, 0, 0, addr(word), 0, always ? 1u : 0u});
+  }
+  fuscoResult_t copy(char* batches, size_t slots) {
+    if (slots == 0) return fuscoSuccess;
+    return put({op::kStepCopy, static_cast<uint32_t>(slots), 0, 0, addr(batches), 0, 0});
+  }
+  uint32_t count() const { return count_; }
+
+ private:
+  static uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+  fuscoResult_t put(const op::Step& s) {
+    if (count_ == room_)
+      return FUSCO_FAIL(fuscoInternalError, kEngine, "an operation needs more than %zu steps",
+                        room_);
+    steps_[count_++] = s;
+    return fuscoSuccess;
+  }
+  op::Step* steps_;
+  size_t room_;
+  uint32_t count_ = 0;
+  uint32_t barriers_ = 0;
+};
+
+// One handshake of kind `kind`: this rank posts to every involved peer, then waits for each
+// peer's post (watched by the progress thread, which counts it for the guard); a captured
+// operation's waiter clears its semaphores once every block passed them.
+fuscoResult_t handshake(Communicator& c, const PairFlags& f, ProgramWriter& w, int kind,
+                        bool postAsSender, uint32_t phase, const char* what) {
+  const int word = f.word(kind);
+  FUSCO_CHECK(w.barrier());
+  for (size_t p = 0; p < f.involved.size(); ++p) {
+    if (!f.involved[p]) continue;
+    const uint32_t v = f.graph ? 1 : postAsSender ? f.sendSeq[p] : f.recvSeq[p];
+    FUSCO_CHECK(w.post(f.flags[p].devPost[word], v));
+  }
+  for (size_t p = 0; p < f.involved.size(); ++p) {
+    if (!f.involved[p]) continue;
+    const uint32_t v = f.graph ? 1 : postAsSender ? f.recvSeq[p] : f.sendSeq[p];
+    FUSCO_CHECK(w.wait(f.flags[p].devWait[word], v, static_cast<int>(p), phase));
+    if (!f.graph) c.progress()->add(static_cast<int>(p), f.flags[p].hostWait[kind], v, what);
+  }
+  if (!f.graph) return fuscoSuccess;
+  FUSCO_CHECK(w.barrier());
+  for (size_t p = 0; p < f.involved.size(); ++p)
+    if (f.involved[p]) FUSCO_CHECK(w.post(f.flags[p].devWait[word], 0));
+  return fuscoSuccess;
+}
+
+}  // namespace
+
+ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, size_t tasksA,
+                      size_t tasksB) {
+  ParamLayout l;
+  const size_t batch = ops.batchBytes();
+  if (!op.pullRun) {
+    l.slotsA = ops.batchSlots(tasksA);
+    l.slotsB = ops.batchSlots(tasksB);
+  }
+  l.steps = stepBound(involvedPeers);
+  l.offA = kParamHeader + l.steps * sizeof(op::Step);
+  l.offB = l.offA + l.slotsA * batch;
+  l.offBases = l.offB + l.slotsB * batch;
+  l.offAligned = l.offBases + (op.pullRun ? n * sizeof(char*) : 0);
+  l.bytes = l.offAligned + 16;
+  return l;
+}
+
+fuscoResult_t PairFlags::init(Communicator& c, const std::vector<bool>& inv, const Op& op) {
+  const int n = c.nranks();
+  involved = inv;
+  graph = op.captured;
+  pull = static_cast<bool>(op.pullRun);
+  flags.assign(n, {});
+  sendSeq.assign(n, 0), recvSeq.assign(n, 0);
+  for (int p = 0; p < n; ++p) {
+    if (!involved[p]) continue;
+    FUSCO_CHECK(c.deviceFlags(p, &flags[p]));
+    sendSeq[p] = c.nextDeviceSendSeq(p);
+    recvSeq[p] = c.nextDeviceRecvSeq(p);
+  }
+  return fuscoSuccess;
+}
+
+int PairFlags::word(int kind) const {
+  if (!graph) return kind;
+  const bool first = pull ? kind == 1 : kind == 0;
+  return first ? 2 : 3;
+}
+
+fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_t index,
+                            const ParamLayout& l, const ParamBlock& b) {
+  DeviceQueue& q = *c.deviceQueue();
+  StreamOps& ops = *c.streamOps();
+  op::Header* h = op::headerOf(b.host);
+  h->words = reinterpret_cast<uint64_t>(q.wordsDev());
+  // The progress thread breaks the comm first, on a timeout that counts every sign of progress;
+  // the kernel's own bound covers a progress thread that cannot.
+  h->timeoutNs = static_cast<uint64_t>(c.timeoutMs()) * 2000000ull;
+  h->failWord = op.pullRun ? reinterpret_cast<uint64_t>(b.mapped + l.offAligned) : 0;
+  ProgramWriter w(b.host, l.steps);
+  // From here on nothing of this thread may wait for the device (docs/DESIGN.md, "The CUDA
+  // rules"): the guard counts GO before the stream holds it.
+  c.progress()->add(-1, q.goHost(), static_cast<uint32_t>(index), "the call's peers to agree");
+  FUSCO_CHECK(w.wait(q.goDev(), static_cast<uint32_t>(index), c.rank(), op::kPhaseGo));
+  uint32_t firstLaunch = 0;
+  if (op.pullRun) {
+    FUSCO_CHECK(handshake(c, f, w, 1, true, op::kPhaseReady, "its buffer to be ready"));
+    firstLaunch = w.count();
+    FUSCO_CHECK(handshake(c, f, w, 0, false, op::kPhaseDone, "it to finish reading"));
+  } else {
+    FUSCO_CHECK(handshake(c, f, w, 0, false, op::kPhaseReady, "its buffers to be free"));
+    FUSCO_CHECK(w.copy(b.mapped + l.offA, l.slotsA));
+    FUSCO_CHECK(handshake(c, f, w, 1, true, op::kPhaseDone, "its data"));
+    FUSCO_CHECK(w.copy(b.mapped + l.offB, l.slotsB));
+  }
+  // A captured operation's parameters are its own: nothing to hand back to the ring.
+  if (!op.captured) {
+    FUSCO_CHECK(w.barrier());
+    FUSCO_CHECK(w.post(b.mapped, 1, true));
+  }
+  h->steps = w.count();
+  if (!op.pullRun) return ops.launchOp(op.stream, b.mapped, 0, w.count());
+  FUSCO_CHECK(ops.launchOp(op.stream, b.mapped, 0, firstLaunch));
+  FUSCO_CHECK(op.pullRun(reinterpret_cast<const char* const*>(b.mapped + l.offBases),
+                         reinterpret_cast<const uint32_t*>(b.mapped + l.offAligned), op.stream));
+  return ops.launchOp(op.stream, b.mapped, firstLaunch, w.count() - firstLaunch);
+}
+
+}  // namespace fusco
