@@ -315,7 +315,8 @@ static std::string kernelTimeout(const DeviceQueue& q) {
 // The parameter queue and the progress thread of the enqueue-only engine (engine_async.h).
 fuscoResult_t Communicator::startAsync() {
   Communicator* self = this;
-  FUSCO_CHECK(exec_.startQueue(static_cast<size_t>(paramCudaParamBytes())));
+  FUSCO_CHECK(exec_.startQueue(static_cast<size_t>(paramCudaParamBytes()),
+                               static_cast<size_t>(paramCudaGraphParamBytes())));
   const int device = device_;
   exec_.setProgress(std::make_unique<Progress>(
       ctx_.timeoutMs, paramLivenessMs(), [self](int p) { return self->checkPeer(p); },

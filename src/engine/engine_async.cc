@@ -200,8 +200,6 @@ fuscoResult_t enqueueDeviceOp(Communicator& c, Op& op, bool* agreedFailure) {
   pd->layout = layoutFor(*c.streamOps(), o, n, peers, tasksA, tasksB);
   pd->index = c.deviceQueue()->nextIndex();
   if (o.captured) {
-    CudaSetupWindow w;  // the parameters of a captured operation are allocated for it
-    FUSCO_CHECK(c.setupWindow(&w, "a captured call's parameters"));
     FUSCO_CHECK(c.deviceQueue()->graphParams(pd->layout.bytes, &pd->block));
   } else {
     FUSCO_CHECK(c.deviceQueue()->reserve(

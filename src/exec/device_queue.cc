@@ -15,16 +15,21 @@ namespace fusco {
 
 FUSCO_PARAM_INT(CudaParamBytes, "FUSCO_CUDA_PARAM_BYTES", 4 << 20, 64 << 10, INT32_MAX,
                 "pinned memory for the parameters of a CUDA comm's enqueued operations (bytes)");
+FUSCO_PARAM_INT(CudaGraphParamBytes, "FUSCO_CUDA_GRAPH_PARAM_BYTES", 4 << 20, 64 << 10, INT32_MAX,
+                "pinned memory for the parameters of a CUDA comm's captured operations, "
+                "allocated at init (bytes)");
 
 DeviceQueue::~DeviceQueue() {
   if (ops_ == nullptr) return;
-  for (void* p : graphParams_) ops_->freeMapped(p);
+  ops_->freeMapped(graphHost_);
   ops_->freeMapped(ringHost_);
   ops_->freeMapped(pageHost_);
 }
 
-fuscoResult_t DeviceQueue::init(size_t ringBytes, StreamOps* ops) {
+fuscoResult_t DeviceQueue::init(size_t ringBytes, size_t graphBytes, StreamOps* ops) {
   ops_ = ops;
+  FUSCO_CHECK(ops_->allocMapped(graphBytes, &graphHost_, &graphDev_));
+  graphBytes_ = graphBytes;
   FUSCO_CHECK(ops_->allocMapped(4096, &pageHost_, &pageDev_));
   std::memset(pageHost_, 0, 4096);
   FUSCO_CHECK(ops_->allocMapped(ringBytes, &ringHost_, &ringDev_));
@@ -73,12 +78,17 @@ fuscoResult_t DeviceQueue::reserve(size_t bytes, uint64_t index, int64_t timeout
 
 fuscoResult_t DeviceQueue::graphParams(size_t bytes, ParamBlock* out) {
   std::lock_guard<std::mutex> g(mu_);
-  void *h = nullptr, *d = nullptr;
-  FUSCO_CHECK(ops_->allocMapped(bytes, &h, &d));
-  graphParams_.push_back(h);
-  std::memset(h, 0, bytes);
-  out->host = static_cast<char*>(h);
-  out->mapped = static_cast<char*>(d);
+  const size_t at = (graphUsed_ + 63) / 64 * 64;  // blocks start on a header's alignment
+  if (at > graphBytes_ || bytes > graphBytes_ - at)
+    return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
+                      "the captured operations of this communicator need more than "
+                      "FUSCO_CUDA_GRAPH_PARAM_BYTES (%zu bytes) of parameters: this one needs %zu "
+                      "more (raise FUSCO_CUDA_GRAPH_PARAM_BYTES)",
+                      graphBytes_, bytes);
+  graphUsed_ = at + bytes;
+  out->host = static_cast<char*>(graphHost_) + at;
+  out->mapped = static_cast<char*>(graphDev_) + at;
+  std::memset(out->host, 0, bytes);
   return fuscoSuccess;
 }
 

@@ -17,6 +17,8 @@ namespace fusco {
 
 // FUSCO_CUDA_PARAM_BYTES: the pinned ring that holds enqueued operations' parameters.
 int64_t paramCudaParamBytes();
+// FUSCO_CUDA_GRAPH_PARAM_BYTES: the pinned pool that holds captured operations' parameters.
+int64_t paramCudaGraphParamBytes();
 
 // One operation's parameters: its program (device/op_program.h) and copy batches, written by the
 // host (host) and read by its kernel where they lie (mapped, the stream's address of host). The
@@ -38,7 +40,8 @@ class DeviceQueue {
   DeviceQueue(const DeviceQueue&) = delete;
   DeviceQueue& operator=(const DeviceQueue&) = delete;
   // ops: the stream's implementation (stream_ops.h), kept by the comm for the queue's lifetime.
-  fuscoResult_t init(size_t ringBytes, StreamOps* ops);
+  // graphBytes: the pool captured operations' parameters are carved from.
+  fuscoResult_t init(size_t ringBytes, size_t graphBytes, StreamOps* ops);
 
   uint64_t nextIndex() { return ++index_; }
   // Parameters for operation `index`, zeroed (an operation never resolved moves nothing). Waits
@@ -54,7 +57,9 @@ class DeviceQueue {
   void abort();
   // A wait of an operation's kernel passed the timeout: *peer and *phase say which (false: none).
   bool timedOut(uint32_t* peer, uint32_t* phase) const;
-  // Parameters of a captured operation: its own, zeroed, kept until the queue goes.
+  // Parameters of a captured operation: its own, zeroed, kept until the queue goes, carved from
+  // the pool allocated at init (a capture allocates nothing); fuscoInvalidUsage naming
+  // FUSCO_CUDA_GRAPH_PARAM_BYTES once the pool is used up.
   fuscoResult_t graphParams(size_t bytes, ParamBlock* out);
   // The progress thread lets operation `index` run.
   void go(uint64_t index);
@@ -74,7 +79,9 @@ class DeviceQueue {
   void* ringDev_ = nullptr;
   RingSpans spans_;
   uint64_t index_ = 0;
-  std::vector<void*> graphParams_;
+  void* graphHost_ = nullptr;
+  void* graphDev_ = nullptr;
+  size_t graphBytes_ = 0, graphUsed_ = 0;
 };
 
 }  // namespace fusco

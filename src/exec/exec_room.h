@@ -36,10 +36,11 @@ class ExecRoom {
     bridge_ = std::make_unique<NetBridge>(link);
     return bridge_->init();
   }
-  // The operation queue with a parameter ring of ringBytes (after setStreamOps).
-  fuscoResult_t startQueue(size_t ringBytes) {
+  // The operation queue with a parameter ring of ringBytes and a pool of graphBytes for captured
+  // operations (after setStreamOps).
+  fuscoResult_t startQueue(size_t ringBytes, size_t graphBytes) {
     queue_ = std::make_unique<DeviceQueue>();
-    return queue_->init(ringBytes, streamOps_.get());
+    return queue_->init(ringBytes, graphBytes, streamOps_.get());
   }
   void setProgress(std::unique_ptr<Progress> p) { progress_ = std::move(p); }
   // Joins the progress thread, then frees the queue, the bridge and the stream's implementation.

@@ -520,6 +520,41 @@ TEST(GpuGraph, MoeDispatchCombineReplays) {
   });
 }
 
+// Captured operations take their parameters from a pool allocated at init (a capture allocates
+// nothing): with FUSCO_CUDA_GRAPH_PARAM_BYTES at its least (64 KiB), a capture of many calls fits
+// some and then fails, on every rank at the same call, with fuscoInvalidUsage naming the knob.
+TEST(GpuGraph, CapturesPastTheParameterPoolFailNamingTheKnob) {
+  FUSCO_GPU_REQUIRE();
+  fusco::test::runRanks(
+      2,
+      [](const RankCtx& ctx) {
+        setenv("FUSCO_CUDA_GRAPH_PARAM_BYTES", "65536", 1);  // read at the comm's init
+        fuscoComm_t comm = initGpuComm(ctx);
+        {
+          Stream s;
+          DevBuf send(comm, 64, Mem::Cuda), recv(comm, 64, Mem::Cuda);
+          CUDA_ASSERT_OK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+          fuscoResult_t r = fuscoSuccess;
+          int calls = 0;  // empty all-to-alls: their parameters only, no staging
+          for (; calls < 1000 && r == fuscoSuccess; ++calls)
+            r = fuscoAllToAll(send.get(), recv.get(), 0, fuscoInt32, comm, s.api());
+          const std::string msg = fuscoGetLastError(comm);
+          cudaGraph_t graph = nullptr;
+          cudaStreamEndCapture(s.get(), &graph);
+          if (graph != nullptr) CUDA_EXPECT_OK(cudaGraphDestroy(graph));
+          cudaGetLastError();
+          // The rank that ran out says so; its peer may learn it first from the rank's abort.
+          EXPECT_TRUE(r == fuscoInvalidUsage || r == fuscoRemoteError)
+              << fuscoGetErrorString(r) << ": " << msg;
+          EXPECT_NE(msg.find("FUSCO_CUDA_GRAPH_PARAM_BYTES"), std::string::npos) << msg;
+          EXPECT_GT(calls, 10) << "the pool holds some captured calls";
+          EXPECT_LT(calls, 1000) << "1000 captured calls fit 64 KiB of parameters";
+        }
+        fuscoCommDestroy(comm);  // broken by the failed call: its result is not the point here
+      },
+      gpuOptions());
+}
+
 // ---------------------------------------------------------------- fuscoMoePlan under capture
 
 // fuscoMoePlan on a capturing stream: refused promptly, saying why, with no handle. The capture

@@ -195,6 +195,7 @@ TEST_F(Params, ListHasEveryParameterOfTheLibrary) {
   const char* all[] = {"FUSCO_ASYNC_HOST",
                        "FUSCO_BALANCE_SLACK",
                        "FUSCO_CHUNK_BYTES",
+                       "FUSCO_CUDA_GRAPH_PARAM_BYTES",
                        "FUSCO_CUDA_PARAM_BYTES",
                        "FUSCO_CUDA_SMS",
                        "FUSCO_CUDA_STAGING_BYTES",
