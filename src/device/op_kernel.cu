@@ -17,14 +17,26 @@ namespace fusco {
 
 namespace {
 
+// A step, read past the caches: the block is pinned memory the host rewrites for every operation
+// that reuses it.
+__device__ op::Step loadStep(const char* block, uint32_t i) {
+  const uint4* at = reinterpret_cast<const uint4*>(op::stepsOf(const_cast<char*>(block)) + i);
+  const uint4 lo = __ldcv(at), hi = __ldcv(at + 1);
+  op::Step s;
+  memcpy(&s, &lo, sizeof(lo));
+  memcpy(reinterpret_cast<char*>(&s) + sizeof(lo), &hi, sizeof(hi));
+  return s;
+}
+
 // A wait step: thread 0 polls; a wait that gives up marks the operation failed.
 __device__ void waitStep(op::Header* h, const op::Step& s, int* gaveUp) {
   if (threadIdx.x == 0) {
-    auto* words = reinterpret_cast<op::OpWords*>(h->words);
+    auto* words = reinterpret_cast<op::OpWords*>(__ldcv(&h->words));
+    const uint64_t timeoutNs = __ldcv(&h->timeoutNs);
     op::Wait w{};
     op::WaitStatus r;
     do {
-      r = op::pollStep(w, s, words, op::globalTimerNs(), h->timeoutNs);
+      r = op::pollStep(w, s, words, op::globalTimerNs(), timeoutNs);
     } while (r == op::kPending);
     if (r != op::kReady) {
       op::markFailed(h);
@@ -55,7 +67,7 @@ __global__ void __launch_bounds__(kCopyThreads)
   if (threadIdx.x == 0) gaveUp = op::loadWord(&h->failed) != 0;
   __syncthreads();
   for (uint32_t i = first; i < first + count; ++i) {
-    const op::Step s = op::stepsOf(block)[i];
+    const op::Step s = loadStep(block, i);
     if (s.kind == op::kStepBarrier)
       barrierStep(h, s, &last);
     else if (s.kind == op::kStepPost && threadIdx.x == 0 && last != 0)

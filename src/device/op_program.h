@@ -78,7 +78,8 @@ FUSCO_HD inline WaitStatus pollStep(Wait& w, const Step& s, OpWords* words, uint
 // kernel finds its bases word cleared.
 FUSCO_HD inline void markFailed(Header* h) {
   storeWord(&h->failed, 1);
-  if (h->failWord != 0) storeWord(reinterpret_cast<uint32_t*>(h->failWord), 0);
+  const uint64_t failWord = *reinterpret_cast<volatile uint64_t*>(&h->failWord);
+  if (failWord != 0) storeWord(reinterpret_cast<uint32_t*>(failWord), 0);
   fenceSystem();
 }
 
