@@ -138,8 +138,9 @@ FUSCO_HD inline void startItems(ConsumerCursor& c, uint64_t begin) {
 }
 
 // Skips items of zero bytes; true when items remain before end.
-FUSCO_HD inline bool nextItem(uint64_t& item, const uint64_t* bytes, uint64_t end) {
-  while (item < end && bytes[item] == 0) ++item;
+template <class Items>
+FUSCO_HD inline bool nextItem(uint64_t& item, const Items& items, uint64_t end) {
+  while (item < end && items.bytes(item) == 0) ++item;
   return item < end;
 }
 // The bytes of the next piece of an item.
@@ -155,41 +156,71 @@ FUSCO_HD inline void advance(uint64_t& item, uint64_t& offset, uint64_t piece, u
   }
 }
 
-// Sends the next piece of the range's items, through itemEnd, when a slot is free.
-//   [in,out] c: the producer's cursor; src: the items; epoch: the operation's
+// Items as arrays of pointers and sizes (ItemSource, ItemSink), for produce and consume.
+struct SourceItems {
+  const ItemSource& s;
+  FUSCO_HD uint64_t bytes(uint64_t i) const { return s.bytes[i]; }
+  FUSCO_HD void read(uint64_t i, uint64_t off, char* to, uint64_t n) const {
+    copyBytes(to, s.ptrs[i] + off, n);
+  }
+};
+struct SinkItems {
+  const ItemSink& s;
+  FUSCO_HD uint64_t bytes(uint64_t i) const { return s.bytes[i]; }
+  FUSCO_HD void write(uint64_t i, uint64_t off, const char* from, uint64_t n) const {
+    copyBytes(s.ptrs[i] + off, from, n);
+  }
+};
+
+// Sends the next piece of the range's items, through itemEnd, when a slot is free. Src gives
+// bytes(item) and read(item, offset, to, n): where the item's bytes come from.
+//   [in,out] c: the producer's cursor; epoch: the operation's
 // Returns kProgress (one slot published), kNoCredit or kFinished (nothing touched).
-FUSCO_HD inline StepStatus produceStep(const Ring& r, ProducerCursor& c, const ItemSource& src,
-                                       uint64_t itemEnd, uint64_t epoch) {
-  if (!nextItem(c.item, src.bytes, itemEnd)) return kFinished;
+template <class Src>
+FUSCO_HD inline StepStatus produce(const Ring& r, ProducerCursor& c, const Src& src,
+                                   uint64_t itemEnd, uint64_t epoch) {
+  if (!nextItem(c.item, src, itemEnd)) return kFinished;
   if (c.tail - op::loadAcquire(r.head) >= r.d.slots) return kNoCredit;
   char* slot = slotAt(r, c.tail);
-  const uint64_t bytes = src.bytes[c.item], piece = pieceBytes(r.d, bytes, c.offset);
+  const uint64_t bytes = src.bytes(c.item), piece = pieceBytes(r.d, bytes, c.offset);
   SlotHeader* h = reinterpret_cast<SlotHeader*>(slot);
   h->bytes = piece;
   h->epoch = epoch;
-  copyBytes(slot + kHeaderBytes, src.ptrs[c.item] + c.offset, piece);
+  src.read(c.item, c.offset, slot + kHeaderBytes, piece);
   advance(c.item, c.offset, piece, bytes);
   op::fenceSystem();
   op::storeRelease(r.tail, ++c.tail);
   return kProgress;
 }
 
-// Receives the next piece of the range's items, through itemEnd, when one was published.
-//   [in,out] c: the consumer's cursor; dst: where the items go; epoch: the operation's
+// Receives the next piece of the range's items, through itemEnd, when one was published. Dst
+// gives bytes(item) and write(item, offset, from, n): where the item's bytes go.
+//   [in,out] c: the consumer's cursor; epoch: the operation's
 // Returns kProgress (one slot consumed and returned), kNoData, kFinished, or kCorrupt (the slot's
 // header names another epoch or size; nothing is copied and the slot is kept).
-FUSCO_HD inline StepStatus consumeStep(const Ring& r, ConsumerCursor& c, const ItemSink& dst,
-                                       uint64_t itemEnd, uint64_t epoch) {
-  if (!nextItem(c.item, dst.bytes, itemEnd)) return kFinished;
+template <class Dst>
+FUSCO_HD inline StepStatus consume(const Ring& r, ConsumerCursor& c, const Dst& dst,
+                                   uint64_t itemEnd, uint64_t epoch) {
+  if (!nextItem(c.item, dst, itemEnd)) return kFinished;
   if (op::loadAcquire(r.tail) <= c.head) return kNoData;
   const char* slot = slotAt(r, c.head);
-  const uint64_t bytes = dst.bytes[c.item], piece = pieceBytes(r.d, bytes, c.offset);
+  const uint64_t bytes = dst.bytes(c.item), piece = pieceBytes(r.d, bytes, c.offset);
   const SlotHeader* h = reinterpret_cast<const SlotHeader*>(slot);
   if (h->epoch != epoch || h->bytes != piece) return kCorrupt;
-  copyBytes(dst.ptrs[c.item] + c.offset, slot + kHeaderBytes, piece);
+  dst.write(c.item, c.offset, slot + kHeaderBytes, piece);
   advance(c.item, c.offset, piece, bytes);
+  op::fenceSystem();  // the payload is read before the slot is handed back
   op::storeRelease(r.head, ++c.head);
   return kProgress;
+}
+
+FUSCO_HD inline StepStatus produceStep(const Ring& r, ProducerCursor& c, const ItemSource& src,
+                                       uint64_t itemEnd, uint64_t epoch) {
+  return produce(r, c, SourceItems{src}, itemEnd, epoch);
+}
+FUSCO_HD inline StepStatus consumeStep(const Ring& r, ConsumerCursor& c, const ItemSink& dst,
+                                       uint64_t itemEnd, uint64_t epoch) {
+  return consume(r, c, SinkItems{dst}, itemEnd, epoch);
 }
 
 // The bounded wait behind kNoCredit: one poll of the head for the producer's next slot.

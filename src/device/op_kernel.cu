@@ -59,6 +59,30 @@ __device__ void barrierStep(op::Header* h, const op::Step& s, int* last) {
   __syncthreads();
 }
 
+// A ring step (chan_roles.h): block 0's thread 0 steps every role until all finished, copying
+// each slot's bytes itself; the grid's other threads go on.
+__device__ void ringsStep(op::Header* h, const op::Step& s, int* gaveUp) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    char* table = reinterpret_cast<char*>(s.addr);
+    const uint32_t n = reinterpret_cast<volatile chan::RoleTable*>(table)->count;
+    auto* words = reinterpret_cast<op::OpWords*>(__ldcv(&h->words));
+    const uint64_t timeoutNs = __ldcv(&h->timeoutNs);
+    const auto copy = [](char* to, const char* from, uint64_t bytes, bool) {
+      chan::copyBytes(to, from, bytes);
+    };
+    chan::RolesState st;
+    op::WaitStatus r;
+    do {
+      r = chan::stepRoles(chan::rolesOf(table), n, st, words, op::globalTimerNs(), timeoutNs, copy);
+    } while (r == op::kPending);
+    if (r != op::kReady) {
+      op::markFailed(h);
+      *gaveUp = 1;
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kCopyThreads)
     opKernel(char* block, uint32_t first, uint32_t count) {
   __shared__ uint4 raw[sizeof(CopyBatch) / sizeof(uint4)];
@@ -76,6 +100,8 @@ __global__ void __launch_bounds__(kCopyThreads)
       waitStep(h, s, &gaveUp);
     else if (s.kind == op::kStepCopy && gaveUp == 0)
       copyBatches(reinterpret_cast<const CopyBatch*>(s.addr), s.value, raw);
+    else if (s.kind == op::kStepRings && gaveUp == 0)
+      ringsStep(h, s, &gaveUp);
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "device/chan_roles.h"
 #include "device/op_steps.h"
 
 namespace fusco {
@@ -24,6 +25,7 @@ enum StepKind : uint32_t {
   kStepBarrier = 2,  // every block arrives; the last one runs the posts that follow
   kStepPost = 3,     // *word = value (by the last block past the barrier before it)
   kStepCopy = 4,     // value batches of copy tasks at addr (device_ops.h)
+  kStepRings = 5,    // the ring roles at addr (chan_roles.h), all stepped until every one finished
 };
 
 // One step (32 bytes).
@@ -95,13 +97,34 @@ FUSCO_HD inline void postStep(Header* h, const Step& s) {
 struct RunState {
   uint32_t pc = 0;  // the next step
   Wait w{};         // the pending wait's state
+  chan::RolesState roles;
   bool gaveUp = false;
 };
 
+// A ring step on one executor: false while a role waits (st keeps its place).
+template <class RingCopy>
+FUSCO_HD inline bool ringStep(Header* h, const Step& s, RunState& st, uint64_t nowNs,
+                              const RingCopy& ringCopy) {
+  char* table = reinterpret_cast<char*>(s.addr);
+  const uint32_t n = reinterpret_cast<chan::RoleTable*>(table)->count;
+  auto* words = reinterpret_cast<OpWords*>(h->words);
+  const WaitStatus r =
+      chan::stepRoles(chan::rolesOf(table), n, st.roles, words, nowNs, h->timeoutNs, ringCopy);
+  if (r == kPending) return false;
+  st.roles = chan::RolesState{};
+  if (r != kReady) {
+    markFailed(h);
+    st.gaveUp = true;
+  }
+  return true;
+}
+
 // Runs a launch's steps from st.pc up to `end` on one executor: false while a wait is pending
-// (call again), true once the range is done. copy(step) runs a copy step.
-template <class Copy>
-inline bool runSteps(char* block, uint32_t end, RunState& st, uint64_t nowNs, Copy&& copy) {
+// (call again), true once the range is done. copy(step) runs a copy step; ringCopy(to, from, n,
+// userSide) moves a ring role's bytes.
+template <class Copy, class RingCopy>
+inline bool runSteps(char* block, uint32_t end, RunState& st, uint64_t nowNs, Copy&& copy,
+                     const RingCopy& ringCopy) {
   Header* h = headerOf(block);
   if (loadWord(&h->failed) != 0) st.gaveUp = true;
   for (; st.pc < end; ++st.pc) {
@@ -119,6 +142,8 @@ inline bool runSteps(char* block, uint32_t end, RunState& st, uint64_t nowNs, Co
       }
     } else if (s.kind == kStepCopy && !st.gaveUp) {
       copy(s);
+    } else if (s.kind == kStepRings && !st.gaveUp) {
+      if (!ringStep(h, s, st, nowNs, ringCopy)) return false;
     }
   }
   return true;

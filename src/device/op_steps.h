@@ -43,6 +43,7 @@ enum Phase : uint32_t {
   kPhaseDone,   // a peer's done epoch
   kPhaseTail,   // a ring's data (the producer's tail)
   kPhaseHead,   // a ring's credit (the consumer's head)
+  kPhaseSlot,   // not a wait: a ring slot of another operation (a protocol error)
   kPhases
 };
 
@@ -69,6 +70,8 @@ FUSCO_HD inline const char* phaseName(uint32_t phase) {
       return "ring data";
     case kPhaseHead:
       return "ring credit";
+    case kPhaseSlot:
+      return "a ring slot of another operation";
     default:
       return "unknown phase";
   }

@@ -7,17 +7,12 @@
 
 #include "core/cuda_guard.h"
 #include "core/log.h"
-#include "core/params.h"
 #include "core/result.h"
 #include "device/cuda_rt.h"
 #include "device/kernel_load.h"
 #include "engine/communicator.h"
 
 namespace fusco {
-
-FUSCO_PARAM_INT(CudaStagingBytes, "FUSCO_CUDA_STAGING_BYTES", 256 << 20, 4096, INT64_MAX,
-                "CUDA comms: the staging area every peer of the node maps at init, for receive "
-                "buffers peers cannot write in place (grown on demand)");
 
 fuscoResult_t Communicator::setupWindow(CudaSetupWindow* w, const char* what) {
   if (!exec_.progress() || exec_.progress()->onThread())
@@ -195,18 +190,6 @@ bool Communicator::offerToken(int peer, const void* ptr, size_t bytes, uint64_t*
   if (!regionToken(peer, ptr, bytes, token)) return false;
   const PeerConn& c = conns_[peer];
   return c.ops->peerMapped == nullptr || c.ops->peerMapped(c.tc, peer, *token);
-}
-
-// A CUDA comm's staging area exists, and every peer of its node has mapped it, before the first
-// operation: an operation can always stage what it cannot offer in place.
-fuscoResult_t Communicator::mapInitialStaging() {
-  char* staging = nullptr;
-  FUSCO_CHECK(
-      scratch(kDeviceStagingScratch, static_cast<size_t>(paramCudaStagingBytes()), &staging));
-  std::vector<std::string> all;
-  FUSCO_CHECK(bootstrap_->allGather("", &all));  // every rank's area is exported
-  FUSCO_CHECK(mapPeerRegions());
-  return bootstrap_->allGather("", &all);  // and mapped by every peer
 }
 
 bool Communicator::regionToken(int peer, const void* ptr, size_t bytes, uint64_t* token) const {

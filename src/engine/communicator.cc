@@ -204,7 +204,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
   if (opts.memType == fuscoMemCuda) {
     c->exec_.setStreamOps(cudaStreamOps());
     FUSCO_CHECK(c->startStreams());
-    FUSCO_CHECK(c->mapInitialStaging());
+    FUSCO_CHECK(c->channels_.map(*c));
   } else if (paramAsyncHost() != 0) {
     FUSCO_CHECK(c->twinFlags());
     if (!c->twinPeerFlags_.empty() || nranks == 1) {
@@ -213,6 +213,7 @@ fuscoResult_t Communicator::create(const fuscoUniqueId& id, int nranks, int rank
       Communicator* self = c.get();
       c->exec_.progress()->setBeat([self](int p) { return self->streamBeat(p); });
       c->exec_.streamOps()->setMotion([self] { return self->streamMotion(); });
+      FUSCO_CHECK(c->channels_.map(*c));
       FUSCO_INFO(kInit,
                  "FUSCO_ASYNC_HOST: calls run through the enqueue-only engine on a host "
                  "twin of the stream");
@@ -569,6 +570,7 @@ Communicator::~Communicator() {
     if (exec_.streamOps()) exec_.streamOps()->drain();  // the host twin's stream
     exec_.close();
   }
+  channels_.release(*this);
   for (auto& kv : scratch_)
     if (kv.second.first != nullptr) memFree(kv.second.first);
   for (void* p : retiredScratch_) memFree(p);

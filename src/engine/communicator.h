@@ -14,6 +14,7 @@
 #include "core/bootstrap.h"
 #include "core/fault.h"
 #include "core/topology.h"
+#include "engine/channels.h"
 #include "exec/bridge_link.h"
 #include "exec/exec_room.h"
 #include "fusco.h"
@@ -50,8 +51,6 @@ struct AgreeValue {
 // The communicator's scratch slots (Communicator::scratch), one per use, so no two uses that can
 // be in flight together share a buffer.
 enum ScratchSlot : int {
-  kDeviceStagingScratch =
-      0,                   // engine, GPU path: receives staged because their buffer is not mappable
   kLandingScratch = 1,     // host MoE combine: partial rows landing at the source
   kStagingScratch = 2,     // host MoE NODE dispatch: rows a forwarder or relay passes on
   kExpertCopyScratch = 3,  // CUDA MoE combine: a mappable copy of an unregistered expertOut
@@ -216,6 +215,8 @@ class Communicator final : public BridgeLink {
   StreamOps* streamOps() override { return exec_.streamOps(); }
   // The network bridge of an enqueue-only comm with ranks on other nodes; nullptr otherwise.
   NetBridge* bridge() { return exec_.bridge(); }
+  // The channels of an enqueue-only comm to the ranks of its node (channels.h).
+  const Channels& channels() const { return channels_; }
   // A host comm whose calls run through the enqueue-only engine on a host twin of the stream
   // (FUSCO_ASYNC_HOST=1, stream_ops.h).
   bool hostTwin() const { return memType() == fuscoMemHost && exec_.streamOps() != nullptr; }
@@ -258,7 +259,6 @@ class Communicator final : public BridgeLink {
   fuscoResult_t connectTransports();
   fuscoResult_t agreeOnDevices(fuscoResult_t status, const std::string& error);
   fuscoResult_t loadKernels();
-  fuscoResult_t mapInitialStaging();
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -309,6 +309,7 @@ class Communicator final : public BridgeLink {
   bool pumpBridge();
   void stepTransports();
   ExecRoom exec_;  // stream ops, bridge, queue, progress thread (exec/exec_room.h)
+  Channels channels_;
   std::mutex asyncMu_;
   fuscoResult_t asyncError_ = fuscoSuccess, asyncEngineResult_ = fuscoSuccess;
   std::string asyncWhy_;

@@ -82,13 +82,9 @@ struct Op {
   // Enqueued while its stream was being captured into a CUDA graph: its staging and parameters
   // are its own (engine_async.h).
   bool captured = false;
-  // A captured operation's staging, allocated by the caller before its first wait.
-  char* graphStaging = nullptr;
-  size_t graphStagingBytes = 0;
-  // An operation sized late (late): the most its receives can total, so the caller reserves its
-  // staging before the first wait as for any other operation.
-  size_t lateRecvBound = 0;
-  size_t latePeerBound = 0;  // the same for each direction of one pair
+  // An operation sized late (late): the most each direction of a pair can move, so the caller
+  // grows a remote peer's bridge areas before the first wait as for any other operation.
+  size_t latePeerBound = 0;
 
   explicit Op(int nranks) : peers(nranks) {}
 };

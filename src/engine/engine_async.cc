@@ -72,11 +72,13 @@ void expectBridged(Communicator& c, const Pending& pd, const DeviceTasks& t) {
 }
 
 // The progress thread's part: the rounds, then the parameters, then GO.
-fuscoResult_t writeParams(StreamOps& ops, const Pending& pd, const DeviceTasks& t) {
+fuscoResult_t writeParams(Communicator& c, const Pending& pd, const DeviceTasks& t) {
   const ParamLayout& l = pd.layout;
   char* host = pd.block.host;
+  StreamOps& ops = *c.streamOps();
   FUSCO_CHECK(ops.fillBatches(t.a, host + l.offA, l.slotsA));
   FUSCO_CHECK(ops.fillBatches(t.b, host + l.offB, l.slotsB));
+  if (!pd.op.pullRun) FUSCO_CHECK(writeRoles(c, pd.op, l, pd.block, t));
   if (pd.op.pullRun) {
     bool aligned = true;
     for (size_t p = 0; p < t.bases.size(); ++p) {
@@ -111,7 +113,7 @@ void resolve(Communicator& c, Pending& pd) {
       if (pd.op.late) FUSCO_CHECK(pd.op.late(pd.op));  // sizes earlier stream work decided
       fuscoResult_t v = runner.resolve(&t);
       // Pairs that agreed move their data even when another pair of the operation did not.
-      fuscoResult_t w = t.ready ? writeParams(*c.streamOps(), pd, t) : fuscoSuccess;
+      fuscoResult_t w = t.ready ? writeParams(c, pd, t) : fuscoSuccess;
       written = w == fuscoSuccess;
       return written ? v : w;
     });
@@ -158,18 +160,12 @@ void refuseBridged(Communicator& c, const std::vector<bool>& involved, Op* op) {
 
 // Everything an operation may need that a CUDA call which can wait for the device provides, done
 // on the caller's thread before the operation's first wait: the peers' new buffers mapped, and
-// room for its staging (the comm's scratch, or a captured operation's own buffer).
+// room in the network bridge's areas. Messages not written in place go through the channels,
+// mapped at init: nothing is staged.
 fuscoResult_t setupBeforeWaits(Communicator& c, const std::vector<bool>& involved, Op* op) {
   FUSCO_CHECK(c.mapPeerRegions());
   if (op->argStatus == fuscoSuccess) FUSCO_CHECK(reserveBridgeAreas(c, *op, involved));
-  const size_t bound = stagingBound(c, *op, involved);
-  if (bound == 0 || op->argStatus != fuscoSuccess) return fuscoSuccess;
-  if (op->captured) {
-    op->graphStagingBytes = bound;
-    return c.graphBuffer(bound, &op->graphStaging);
-  }
-  char* unused = nullptr;
-  return c.scratch(kDeviceStagingScratch, bound, &unused);
+  return fuscoSuccess;
 }
 
 }  // namespace

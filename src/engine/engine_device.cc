@@ -50,26 +50,6 @@ fuscoResult_t copyTask(const RowStream& s, const RowStream& d, const char* opNam
 
 }  // namespace
 
-size_t stagingBound(Communicator& c, const Op& op, const std::vector<bool>& involved) {
-  const bool direct = paramShmDirect() != 0;  // 0: every receive is staged (op_rounds.cc)
-  size_t bound = 0;
-  for (int p = 0; p < c.nranks(); ++p) {
-    if (p == c.rank() || !involved[p] || (c.bridge() && c.bridge()->remote(p))) continue;
-    for (const RowStream& r : op.peers[p].recvs) {
-      // A buffer the peer has mapped already stays mapped: it is offered in place, never staged.
-      uint64_t token = 0;
-      if (direct && !op.pullRun && r.bytes() > 0 && (r.contiguous() || r.layoutShared) &&
-          c.offerToken(p, r.base, r.extentBytes(), &token))
-        continue;
-      bound += aligned(r.bytes());
-    }
-  }
-  // A late-sized operation's messages (a few per peer) each start aligned.
-  if (op.lateRecvBound > 0)
-    bound = std::max(bound, op.lateRecvBound + 4 * kStagingAlign * static_cast<size_t>(c.nranks()));
-  return bound;
-}
-
 size_t areaBytes(const std::vector<RowStream>& msgs);
 
 fuscoResult_t reserveBridgeAreas(Communicator& c, const Op& op, const std::vector<bool>& involved) {
@@ -96,43 +76,19 @@ fuscoResult_t reserveBridgeAreas(Communicator& c, const Op& op, const std::vecto
 fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool>& involved,
                            std::vector<PairHeader>* mine, DeviceOffers* offers) {
   const int n = c.nranks();
-  offers->stagedAt.assign(n, {});
-  size_t staged = 0;
+  offers->ring.assign(n, {});
   for (int p = 0; p < n; ++p) {
     // A peer on another node: its rows land in the network bridge's area (deviceTasks).
     if (p == c.rank() || !involved[p] || (c.bridge() && c.bridge()->remote(p))) continue;
     PairHeader& h = (*mine)[p];
-    offers->stagedAt[p].assign(h.recvBytes.size(), -1);
+    offers->ring[p].assign(h.recvBytes.size(), false);
     for (size_t m = 0; m < h.recvBytes.size(); ++m) {
       if (h.recvTokens[m] != kStagedToken || h.recvBytes[m] == 0) continue;  // offered in place
-      offers->stagedAt[p][m] = static_cast<int64_t>(staged);
-      staged += aligned(h.recvBytes[m]);
-    }
-  }
-  if (staged == 0) return fuscoSuccess;
-  // The caller made room before the operation's first wait (stagingBound): nothing is allocated
-  // here. A captured operation stages in memory of its own, which every replay of its graph uses.
-  if (op.captured && staged > op.graphStagingBytes)
-    return FUSCO_FAIL(fuscoInternalError, kEngine,
-                      "%s: %zu bytes to stage, more than the %zu reserved", op.name, staged,
-                      op.graphStagingBytes);
-  if (op.captured)
-    offers->staging = op.graphStaging;
-  else
-    FUSCO_CHECK(c.scratch(kDeviceStagingScratch, staged, &offers->staging));
-  for (int p = 0; p < n; ++p) {
-    for (size_t m = 0; m < offers->stagedAt[p].size(); ++m) {
-      const int64_t at = offers->stagedAt[p][m];
-      if (at < 0) continue;
-      PairHeader& h = (*mine)[p];
-      h.recvExtents[m] = h.recvBytes[m];  // the sender writes the bytes contiguously
-      if (!c.offerToken(p, offers->staging + at, h.recvBytes[m], &h.recvTokens[m]))
-        return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
-                          "%s: the staging area grew to %zu bytes for this call and rank %d has "
-                          "not mapped it yet (it does at its next call); raise "
-                          "FUSCO_CUDA_STAGING_BYTES or register the receive buffers "
-                          "(fuscoCommRegister)",
-                          op.name, staged, p);
+      if (!c.channels().has(p))
+        return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: rank %d has no channel", op.name, p);
+      h.recvTokens[m] = kRingToken;
+      h.recvExtents[m] = h.recvBytes[m];
+      offers->ring[p][m] = true;
     }
   }
   return fuscoSuccess;
@@ -239,7 +195,9 @@ fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairH
   if (op.pullRun) return pullBases(c, op, theirs, moves, out);
   NetBridge* bridge = c.bridge();
   if (bridge != nullptr) out->bridged.assign(n, {});
-  // a: one pass over every message, source rows straight into the final (or staged) rows.
+  out->ringSend.assign(n, {});
+  out->ringRecv.assign(n, {});
+  // a: one pass over every message, source rows straight into the final rows, or into the ring.
   for (int p = 0; p < n; ++p) {
     if (!moves[p]) continue;
     if (bridge != nullptr && bridge->remote(p)) {
@@ -250,23 +208,27 @@ fuscoResult_t deviceTasks(Communicator& c, const Op& op, const std::vector<PairH
     for (size_t m = 0; m < w.sends.size(); ++m) {
       const RowStream& src = w.sends[m];
       if (src.bytes() == 0) continue;
+      DevCopyTask t;
+      if (p != me && theirs[p].recvTokens[m] == kRingToken) {
+        FUSCO_CHECK(copyTask(src, RowStream::flat(nullptr, src.bytes()), op.name, &t));
+        out->ringSend[p].push_back(t);
+        continue;
+      }
       RowStream dst;
       FUSCO_CHECK(landing(c, op, theirs, p, m, &dst));
-      DevCopyTask t;
       FUSCO_CHECK(copyTask(src, dst, op.name, &t));
       out->a.push_back(t);
     }
   }
-  // b: staged messages, from the staging area into the final rows.
+  // The messages that come through a channel, into their final rows.
   for (int p = 0; p < n; ++p) {
-    if (p == me || !moves[p] || offers.stagedAt.size() <= static_cast<size_t>(p)) continue;
-    for (size_t m = 0; m < offers.stagedAt[p].size(); ++m) {
-      if (offers.stagedAt[p][m] < 0) continue;
+    if (p == me || !moves[p] || offers.ring.size() <= static_cast<size_t>(p)) continue;
+    for (size_t m = 0; m < offers.ring[p].size(); ++m) {
+      if (!offers.ring[p][m]) continue;
       const RowStream& dst = op.peers[p].recvs[m];
       DevCopyTask t;
-      FUSCO_CHECK(copyTask(RowStream::flat(offers.staging + offers.stagedAt[p][m], dst.bytes()),
-                           dst, op.name, &t));
-      out->b.push_back(t);
+      FUSCO_CHECK(copyTask(RowStream::flat(nullptr, dst.bytes()), dst, op.name, &t));
+      out->ringRecv[p].push_back(t);
     }
   }
   out->ready = true;

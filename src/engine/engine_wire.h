@@ -17,6 +17,9 @@ enum : uint32_t {
 };  // the network bridge's own tags are in exec/net_bridge.h
 
 constexpr uint64_t kStagedToken = ~0ull;
+// A receive offer on a device operation: the message moves through the pair's channel
+// (channels.h), not into an offered buffer.
+constexpr uint64_t kRingToken = ~0ull - 1;
 // Set in a recvExtents entry when the offer is for a shared layout (rows the sender knows), not
 // for a contiguous buffer.
 constexpr uint64_t kLayoutSharedBit = 1ull << 63;

@@ -1,9 +1,11 @@
 #include "engine/op_launch.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/result.h"
 #include "device/op_program.h"
+#include "engine/communicator.h"
 #include "exec/progress.h"
 #include "exec/stream_ops.h"
 
@@ -12,8 +14,9 @@ namespace fusco {
 namespace {
 
 // A bound on one operation's steps with k involved peers: GO; per handshake a barrier, k posts,
-// k waits and (captured) a barrier and k clears; the copies; the consumed word after a barrier.
-size_t stepBound(int k) { return 9 + 6 * static_cast<size_t>(k); }
+// k waits and (captured) a barrier and k clears; the copies and the ring step; the consumed word
+// after a barrier.
+size_t stepBound(int k) { return 10 + 6 * static_cast<size_t>(k); }
 
 // Writes an operation's steps into its block (host side); addresses are the stream's.
 class ProgramWriter {
@@ -35,6 +38,7 @@ class ProgramWriter {
     if (slots == 0) return fuscoSuccess;
     return put({op::kStepCopy, static_cast<uint32_t>(slots), 0, 0, addr(batches), 0, 0});
   }
+  fuscoResult_t rings(char* table) { return put({op::kStepRings, 0, 0, 0, addr(table), 0, 0}); }
   uint32_t count() const { return count_; }
 
  private:
@@ -92,8 +96,39 @@ ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, si
   l.offB = l.offA + l.slotsA * batch;
   l.offBases = l.offB + l.slotsB * batch;
   l.offAligned = l.offBases + (op.pullRun ? n * sizeof(char*) : 0);
-  l.bytes = l.offAligned + 16;
+  l.offRings = l.offAligned + 16;
+  if (!op.pullRun) {
+    l.roles = 2 * static_cast<size_t>(involvedPeers);
+    l.ringTasks = tasksA + tasksB;
+  }
+  l.bytes = l.offRings + sizeof(chan::RoleTable) + l.roles * sizeof(chan::Role) +
+            l.ringTasks * sizeof(DevCopyTask);
   return l;
+}
+
+fuscoResult_t writeRoles(Communicator& c, const Op& op, const ParamLayout& l, const ParamBlock& b,
+                         const DeviceTasks& t) {
+  char* table = b.host + l.offRings;
+  const size_t tasksAt = l.offRings + sizeof(chan::RoleTable) + l.roles * sizeof(chan::Role);
+  auto* tasksHost = reinterpret_cast<DevCopyTask*>(b.host + tasksAt);
+  auto* tasksMapped = reinterpret_cast<const DevCopyTask*>(b.mapped + tasksAt);
+  chan::Role* roles = chan::rolesOf(table);
+  uint32_t count = 0;
+  size_t used = 0;
+  for (size_t p = 0; p < t.ringSend.size(); ++p)
+    for (const bool send : {true, false}) {
+      const std::vector<DevCopyTask>& list = send ? t.ringSend[p] : t.ringRecv[p];
+      if (list.empty()) continue;
+      if (count == l.roles || used + list.size() > l.ringTasks)
+        return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: more ring roles than reserved",
+                          op.name);
+      std::copy(list.begin(), list.end(), tasksHost + used);
+      roles[count++] = c.channels().role(static_cast<int>(p), send, tasksMapped + used,
+                                         static_cast<uint32_t>(list.size()));
+      used += list.size();
+    }
+  reinterpret_cast<chan::RoleTable*>(table)->count = count;
+  return fuscoSuccess;
 }
 
 fuscoResult_t PairFlags::init(Communicator& c, const std::vector<bool>& inv, const Op& op) {
@@ -141,6 +176,7 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
   } else {
     FUSCO_CHECK(handshake(c, f, w, 0, false, op::kPhaseReady, "its buffers to be free"));
     FUSCO_CHECK(w.copy(b.mapped + l.offA, l.slotsA));
+    FUSCO_CHECK(w.rings(b.mapped + l.offRings));
     FUSCO_CHECK(handshake(c, f, w, 1, true, op::kPhaseDone, "its data"));
     FUSCO_CHECK(w.copy(b.mapped + l.offB, l.slotsB));
   }

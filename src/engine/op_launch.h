@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/engine_device.h"
 #include "exec/device_queue.h"
 #include "transport/transport.h"
 
@@ -20,9 +21,10 @@ namespace fusco {
 
 // Where one operation's parameters lie in its block.
 struct ParamLayout {
-  size_t steps = 0;               // room for this many program steps, after the header
-  size_t slotsA = 0, slotsB = 0;  // copy batches before and after "done"
-  size_t offA = 0, offB = 0, offBases = 0, offAligned = 0, bytes = 0;
+  size_t steps = 0;                 // room for this many program steps, after the header
+  size_t slotsA = 0, slotsB = 0;    // copy batches before and after "done"
+  size_t roles = 0, ringTasks = 0;  // room for ring roles and their messages (chan_roles.h)
+  size_t offA = 0, offB = 0, offBases = 0, offAligned = 0, offRings = 0, bytes = 0;
 };
 ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, size_t tasksA,
                       size_t tasksB);
@@ -41,6 +43,11 @@ struct PairFlags {
   // operations alternates them and no post can be reset by the waiter of the previous one.
   int word(int kind) const;
 };
+
+// The progress thread: the operation's ring roles (t.ringSend, t.ringRecv) into its block, where
+// its ring step reads them.
+fuscoResult_t writeRoles(Communicator& c, const Op& op, const ParamLayout& l, const ParamBlock& b,
+                         const DeviceTasks& t);
 
 // Writes op's program into its block and launches it on op.stream; every eager wait is handed to
 // the progress thread to watch first (which counts it for the guard, core/cuda_guard.h).

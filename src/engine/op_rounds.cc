@@ -35,7 +35,7 @@ void OpRunner::buildHeaders() {
     if (op_.pullRun && op_.argStatus == fuscoSuccess) offerSends(p, &h);
   }
   for (int i = 1; i < n_; ++i) order_.push_back((me_ + i) % n_);
-  // The GPU path offers every receive buffer to its sender: in place, or a staging area.
+  // The GPU path offers every receive buffer to its sender: in place, or the pair's channel.
   if (onDevice() && !op_.pullRun && !op_.validateOnly && op_.argStatus == fuscoSuccess) {
     fuscoResult_t r = deviceOffers(c_, op_, involved_, &mine_, &offers_);
     if (r != fuscoSuccess) {

@@ -111,7 +111,12 @@ class HostOps : public StreamOps {
             if (beat != nullptr) *beat = *beat + 1;
           }
       };
-      return op::runSteps(block, first + count, *st, static_cast<uint64_t>(nowNs()), copy);
+      const auto ringCopy = [beat](char* to, const char* from, uint64_t n, bool) {
+        std::memcpy(to, from, n);
+        if (beat != nullptr) *beat = *beat + 1;
+      };
+      return op::runSteps(block, first + count, *st, static_cast<uint64_t>(nowNs()), copy,
+                          ringCopy);
     });
     return fuscoSuccess;
   }

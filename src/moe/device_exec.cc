@@ -110,12 +110,11 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
                                     h.dev.paddingLongest, stream),
                 &a);
   }
-  // A capacity plan's rows are sized late: at most `capacity` rows arrive, staged or not.
-  // Each pair moves at most every token once (sends) or `capacity` rows (receives).
-  const size_t lateBound = h.capacity != 0 ? h.capacity * rowBytes : 0;
+  // A capacity plan's rows are sized late: each pair moves at most every token once (sends) or
+  // `capacity` rows (receives), which a peer on another node's bridge areas must hold.
   const size_t latePair = h.capacity != 0 ? std::max(h.capacity, h.numTokens) * rowBytes : 0;
   FUSCO_CHECK(runMoeOp(c, "fuscoMoeDispatch", a, *work, false, stream, true, nullptr,
-                       std::move(late), nullptr, lateBound, latePair));
+                       std::move(late), nullptr, latePair));
   return markListsUsed(h, stream);
 }
 

@@ -70,7 +70,7 @@ fuscoResult_t checkGateOrder(const MoeWork& w, const char* name) {
 fuscoResult_t runMoeOp(Communicator& c, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed, void* stream, bool onDevice,
                        PullRun pullRun, LateSizes late, std::function<void(bool)> after,
-                       size_t lateRecvBound, size_t latePeerBound) {
+                       size_t latePeerBound) {
   Op op(c.nranks());
   op.stream = stream;
   op.hostData = !onDevice;
@@ -83,7 +83,6 @@ fuscoResult_t runMoeOp(Communicator& c, const char* name, const ArgCheck& a,
   op.pullRun = std::move(pullRun);
   op.late = std::move(late);
   op.after = std::move(after);
-  op.lateRecvBound = lateRecvBound;
   op.latePeerBound = latePeerBound;
   if (a.ok()) op.peers = work;
   return runOp(c, op);

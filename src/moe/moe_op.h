@@ -67,15 +67,16 @@ fuscoResult_t checkGateOrder(const MoeWork& w, const char* name);
 // onDevice: the buffers are device memory of a fuscoMemCuda comm and move on `stream`; otherwise
 // they are host memory (also on a CUDA comm: the planner's own exchanges). pullRun: a pull
 // operation on the device (engine.h's Op::pullRun).
-// late / after / lateRecvBound: sizes known only once earlier stream work ran, the outcome, and
-// the most a late-sized operation can receive (engine.h's Op::late, Op::after, Op::lateRecvBound).
+// late / after / latePeerBound: sizes known only once earlier stream work ran, the outcome, and
+// the most a late-sized operation moves in each direction of a pair (engine.h's Op::late,
+// Op::after, Op::latePeerBound).
 using PullRun = decltype(Op::pullRun);
 using LateSizes = decltype(Op::late);
 fuscoResult_t runMoeOp(Communicator& c, const char* name, const ArgCheck& a,
                        const std::vector<PeerWork>& work, bool agreed = false,
                        void* stream = nullptr, bool onDevice = false, PullRun pullRun = nullptr,
                        LateSizes late = nullptr, std::function<void(bool)> after = nullptr,
-                       size_t lateRecvBound = 0, size_t latePeerBound = 0);
+                       size_t latePeerBound = 0);
 // The same for host work with message kinds: the gate order is checked first.
 fuscoResult_t runMoeWork(Communicator& c, const char* name, const ArgCheck& a, const MoeWork& work,
                          bool agreed = false);

@@ -68,7 +68,7 @@ class LayerRun {
                     void (*onHost)(const LayerPlan&));
   fuscoResult_t op(const char* name, const ArgCheck& a, const std::vector<PeerWork>& w, bool agreed,
                    LateSizes late = nullptr, std::function<void(bool)> after = nullptr,
-                   size_t lateRecvBound = 0);
+                   size_t latePeerBound = 0);
   void badSlotMessage(ArgCheck* b);
   fuscoResult_t callVerdict();
 
@@ -230,11 +230,11 @@ void LayerRun::fillTables() {
 
 fuscoResult_t LayerRun::op(const char* name, const ArgCheck& a, const std::vector<PeerWork>& w,
                            bool agreed, LateSizes late, std::function<void(bool)> after,
-                           size_t lateRecvBound) {
+                           size_t latePeerBound) {
   // A host twin of the CUDA path runs the operations as the CUDA path does (enqueued, resolved by
   // the progress thread, late sizes included).
   return runMoeOp(c_, name, a, w, agreed, s_, dev_ || c_.hostTwin(), nullptr, std::move(late),
-                  std::move(after), lateRecvBound, lateRecvBound);
+                  std::move(after), latePeerBound);
 }
 
 // Steps 1-2: the send side and the count messages. The operation carries this rank's checks (a)

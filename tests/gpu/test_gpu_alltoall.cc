@@ -127,18 +127,17 @@ TEST(GpuAllToAllInPlace, SendEqualToRecvIsExactForEveryBufferKind) {
   });
 }
 
-// Class C, eager (docs/TESTING.md, "Failure classes"): 8 MiB per peer through a 1 MiB staging
-// area (FUSCO_CUDA_STAGING_BYTES, read at init), cudaMalloc receive buffers. Until every staged
-// operation moves through fixed per-pair channels, the area grows inside the call after the peer
-// mapped it, and the first call fails with "has not mapped it yet"; ctest passes this test by that
-// message while it does.
+// Class C, eager (docs/TESTING.md, "Failure classes"): 8 MiB per peer, with cudaMalloc receive
+// buffers (never in place), through a channel of 256 KiB per pair (FUSCO_CUDA_RING_BYTES, read at
+// init): each message wraps the ring 32 times, and nothing grows inside the call. A staging area
+// that grew inside the call made the first call fail with "has not mapped it yet".
 TEST(GpuAllToAllStaging, LargerThanTheStagingAreaIsExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
   fusco::test::runRanks(
       2,
       [seed](const RankCtx& ctx) {
-        setenv("FUSCO_CUDA_STAGING_BYTES", "1048576", 1);
+        setenv("FUSCO_CUDA_RING_BYTES", "262144", 1);
         fuscoComm_t comm = initGpuComm(ctx);
         {
           Stream stream;

@@ -48,8 +48,9 @@ struct Program {
   // Runs until done or maxPolls polls, the clock at nowNs; true when the launch finished.
   bool run(RunState& st, uint64_t nowNs, int maxPolls = 1000) {
     auto copy = [this](const Step& s) { copies.push_back(static_cast<int>(s.value)); };
+    auto ringCopy = [](char*, const char*, uint64_t, bool) {};
     for (int i = 0; i < maxPolls; ++i)
-      if (runSteps(block, headerOf(block)->steps, st, nowNs, copy)) return true;
+      if (runSteps(block, headerOf(block)->steps, st, nowNs, copy, ringCopy)) return true;
     return false;
   }
   uint32_t consumed() const { return reinterpret_cast<const Header*>(block)->consumed; }

@@ -104,10 +104,10 @@ TEST_F(Params, SizeSuffixesKMGAreBinaryMultiples) {
       {"3m", 3LL << 20}, {"1G", 1LL << 30},   {"4g", 4LL << 30},   {"0x1000", 4096},
   };
   for (const auto& c : cases) {
-    setenv("FUSCO_CUDA_STAGING_BYTES", c.first, 1);
+    setenv("FUSCO_CUDA_RING_BYTES", c.first, 1);
     fusco::paramsReload();
-    EXPECT_EQ(fusco::paramIntByName("FUSCO_CUDA_STAGING_BYTES"), c.second)
-        << "FUSCO_CUDA_STAGING_BYTES=" << c.first;
+    EXPECT_EQ(fusco::paramIntByName("FUSCO_CUDA_RING_BYTES"), c.second)
+        << "FUSCO_CUDA_RING_BYTES=" << c.first;
   }
 }
 
@@ -197,8 +197,10 @@ TEST_F(Params, ListHasEveryParameterOfTheLibrary) {
                        "FUSCO_CHUNK_BYTES",
                        "FUSCO_CUDA_GRAPH_PARAM_BYTES",
                        "FUSCO_CUDA_PARAM_BYTES",
+                       "FUSCO_CUDA_RING_BYTES",
+                       "FUSCO_CUDA_RING_SLOTS",
+                       "FUSCO_CUDA_RING_SPLIT",
                        "FUSCO_CUDA_SMS",
-                       "FUSCO_CUDA_STAGING_BYTES",
                        "FUSCO_DEBUG",
                        "FUSCO_DEBUG_FILE",
                        "FUSCO_DEBUG_SUBSYS",

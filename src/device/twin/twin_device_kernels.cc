@@ -67,7 +67,14 @@ void runOp(char* block, uint32_t first, uint32_t count) {
   const auto copy = [](const op::Step& s) {
     runDeferred(reinterpret_cast<const TwinBatch*>(s.addr), s.value);
   };
-  while (!op::runSteps(block, first + count, st, static_cast<uint64_t>(nowNs()), copy))
+  // A ring role's bytes: the caller's rows are checked as a kernel's accesses are (the ring
+  // slots lie in the channel areas mapped at init).
+  const auto ringCopy = [](char* to, const char* from, uint64_t n, bool toUser) {
+    if (toUser ? twincuda::checkAccess(to, n, true, "opKernel")
+               : twincuda::checkAccess(from, n, false, "opKernel"))
+      std::memcpy(to, from, n);
+  };
+  while (!op::runSteps(block, first + count, st, static_cast<uint64_t>(nowNs()), copy, ringCopy))
     std::this_thread::yield();
 }
 
