@@ -1,13 +1,13 @@
 // One enqueued operation as a short program its kernel runs (docs/DESIGN.md, "Stream-ordered CUDA
-// calls"), written once (FUSCO_HD) for the CUDA kernel (device_kernels.cu), the kernel's twin on
-// the twin CUDA runtime and the host twin of the stream (exec/stream_ops.cc). The program lies in
-// the operation's pinned parameter block, after its header:
+// calls"), written once (FUSCO_HD) for the CUDA kernel (op_kernel.cu), the kernel's twin on the
+// twin CUDA runtime and the host twin of the stream. The program lies in the operation's pinned
+// parameter block, after its header:
 //   wait GO -> post "ready" to every involved peer -> wait for theirs -> copy batches A ->
-//   post "done" -> wait for theirs -> copy batches B -> the consumed word,
+//   ring step (chan_roles.h) -> post "done" -> wait for theirs -> copy batches B -> consumed,
 // (a pull operation runs its reading kernel between two launches of its program). A wait polls a
 // word in mapped memory inside the kernel (op_steps.h): no stream holds a wait the host must
-// release, so a late peer holds no other stream, and a setup call or another stream's kernel is
-// never queued behind it. Every wait gives up when the abort word is set (a dead peer, an abort, a
+// release, so a late peer holds up no other stream's work (the kernel runs; nothing of it heads a
+// hardware queue). Every wait gives up when the abort word is set (a dead peer, an abort, a
 // broken comm) or when its word did not move for the timeout; from then on the operation touches
 // no peer's memory and posts nothing, and only its consumed word is still written.
 #pragma once

@@ -79,8 +79,8 @@ struct Op {
   bool firstInCall = false;
   std::vector<AgreeValue> agree;
   bool corruptHeaders = false;
-  // Enqueued while its stream was being captured into a CUDA graph: its staging and parameters
-  // are its own (engine_async.h).
+  // Enqueued while its stream was being captured into a CUDA graph: its parameters are its own
+  // (engine_async.h).
   bool captured = false;
   // An operation sized late (late): the most each direction of a pair can move, so the caller
   // grows a remote peer's bridge areas before the first wait as for any other operation.

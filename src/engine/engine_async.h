@@ -1,8 +1,9 @@
 // Calls on a fuscoMemCuda communicator only enqueue (docs/DESIGN.md, "Stream-ordered CUDA
 // calls"). The caller's thread launches, on its stream and without waiting for anything, the
 // operation's one kernel (op_launch.h), whose waits are its own:
-//   wait GO(k) -> "ready" to every involved peer -> wait their "ready" -> copy batches A ->
-//   "done" to every involved peer -> wait their "done" -> scatter of staged messages ->
+//   wait GO(k) -> "ready" to every involved peer -> wait their "ready" -> copy batches A and the
+//   ring step ->
+//   "done" to every involved peer -> wait their "done" -> scatter of a remote peer's rows ->
 //   "consumed"(k),
 // (a pull operation swaps the two flags and runs its reading kernel between two launches), then
 // hands the operation to the comm's progress thread (exec/progress.h). That thread exchanges the
@@ -17,12 +18,13 @@
 // counts, so the pair's counters stay equal on both sides even when one side's call was invalid.
 //
 // CUDA graphs: a call made while its stream is captured is enqueued the same way and resolved
-// once, while the peers capture theirs; its parameters and staging are its own, kept until the
-// comm goes, so every replay moves the same rows of the same buffers (new contents, same bytes as
-// an eager call). Replays repeat fixed values, so a captured operation's ready/done flags are the
-// binary semaphores of DeviceFlags kinds 2 and 3 (post 1; the waiter resets its word to 0), and GO,
-// which only grows, stays passed after the first resolution. A dead peer during a replay is seen
-// by the idle progress thread's periodic check, which sets the abort word.
+// once, while the peers capture theirs; its parameters are its own, kept until the comm goes, and
+// its messages go through the channels, so every replay moves the same rows of the same buffers
+// (new contents, same bytes as an eager call). Replays repeat fixed values, so a captured
+// operation's ready/done flags are the binary semaphores of DeviceFlags kinds 2 and 3 (post 1; the
+// waiter resets its word to 0), and GO, which only grows, stays passed after the first resolution.
+// A dead peer during a replay is seen by the idle progress thread's periodic check, which sets the
+// abort word.
 #pragma once
 
 #include <cstdint>

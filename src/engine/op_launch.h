@@ -1,7 +1,8 @@
 // The stream's part of an enqueued operation (engine_async.h): its program (device/op_program.h)
 // written into its parameter block, and its launch. A push operation is one launch:
 //   wait GO -> post "ready" to every involved peer -> wait for theirs -> copy batches A ->
-//   post "done" -> wait for theirs -> copy batches B -> consumed,
+//   ring step (the messages through the channels, channels.h) -> post "done" -> wait for theirs
+//   -> copy batches B (a remote peer's rows) -> consumed,
 // a pull operation two, around its reading kernel (handshakes swapped: "ready" is flag kind 1).
 // Eager operations count each pair's handshakes (sendSeq, recvSeq); captured ones use the binary
 // semaphores of flag kinds 2 and 3 (post 1, and the waiter clears its word once every block
