@@ -57,22 +57,26 @@ int Channels::indexOf(int owner, int x) const {
   return static_cast<int>(at) - (x > owner ? 1 : 0);
 }
 
-fuscoResult_t Channels::map(Communicator& c) {
-  me_ = c.rank();
-  const NodeMap& nodes = c.nodes();
-  nodeRanks_ = nodes.ranksOfNode[nodes.nodeOf[me_]];
-  peerArea_.assign(c.nranks(), nullptr);
-  const int local = static_cast<int>(nodeRanks_.size()) - 1;
-  layOut(local);
-  if (const char* why = chan::dimsProblem(dims_))
-    return FUSCO_FAIL(fuscoInvalidArgument, kInit,
-                      "FUSCO_CUDA_RING_BYTES / _SPLIT / _SLOTS: %s (%llu-byte slots)", why,
-                      static_cast<unsigned long long>(dims_.slotBytes));
-  std::vector<std::string> all;
-  if (local == 0) {  // the exchanges are collective: a rank alone on its node takes part too
-    FUSCO_CHECK(c.bootstrap().allGather("", &all));
-    return c.bootstrap().allGather("", &all);
-  }
+// This rank's part of each step of map: "" when it went well, else why not (the message of the
+// failed call); every rank then learns the outcome, so a failure on one rank fails init on all of
+// them at once instead of leaving them in the next exchange.
+namespace {
+
+std::string failureOf(fuscoResult_t r) { return r == fuscoSuccess ? "" : threadLastError(); }
+
+fuscoResult_t agreed(Communicator& c, fuscoResult_t mine, const char* step) {
+  int failed = -1;
+  std::string why;
+  FUSCO_CHECK(c.agreeOnOutcome(failureOf(mine), &failed, &why));
+  if (failed < 0) return fuscoSuccess;
+  return FUSCO_FAIL(failed == c.rank() ? fuscoSystemError : fuscoRemoteError, kInit,
+                    "rank %d could not %s: %s", failed, step, why.c_str());
+}
+
+}  // namespace
+
+// Allocates and zeroes this rank's area, and names it to each local peer (*tokens[q]).
+fuscoResult_t Channels::exportArea(Communicator& c, std::vector<uint64_t>* tokens) {
   {
     CudaSetupWindow w;
     FUSCO_CHECK(c.setupWindow(&w, "allocating the channels"));
@@ -84,12 +88,15 @@ fuscoResult_t Channels::map(Communicator& c) {
     else
       std::memset(area_, 0, total_);
   }
-  std::vector<uint64_t> tokens(c.nranks(), 0);
   for (int q : nodeRanks_)
-    if (q != me_ && !c.regionToken(q, area_, total_, &tokens[q]))
+    if (q != me_ && !c.regionToken(q, area_, total_, &(*tokens)[q]))
       return FUSCO_FAIL(fuscoSystemError, kInit, "the channel area cannot be offered to rank %d",
                         q);
-  FUSCO_CHECK(c.bootstrap().allGather(tokenBlob(tokens), &all));  // every area is exported
+  return fuscoSuccess;
+}
+
+// Maps every local peer's area from the tokens they offered this rank.
+fuscoResult_t Channels::mapPeers(Communicator& c, const std::vector<std::string>& all) {
   FUSCO_CHECK(c.mapPeerRegions());
   for (int q : nodeRanks_) {
     if (q == me_) continue;
@@ -101,12 +108,33 @@ fuscoResult_t Channels::map(Communicator& c) {
       return FUSCO_FAIL(fuscoSystemError, kInit, "cannot map the channel area of rank %d", q);
     peerArea_[q] = static_cast<char*>(base);
   }
-  FUSCO_INFO(kInit,
-             "channels: %d local peers, %u x %u slots of %llu bytes each way per pair, %zu bytes "
-             "per rank",
-             local, dims_.split, dims_.slots, static_cast<unsigned long long>(dims_.slotBytes),
-             total_);
-  return c.bootstrap().allGather("", &all);  // and mapped by every peer
+  return fuscoSuccess;
+}
+
+fuscoResult_t Channels::map(Communicator& c) {
+  me_ = c.rank();
+  const NodeMap& nodes = c.nodes();
+  nodeRanks_ = nodes.ranksOfNode[nodes.nodeOf[me_]];
+  peerArea_.assign(c.nranks(), nullptr);
+  const int local = static_cast<int>(nodeRanks_.size()) - 1;
+  layOut(local);
+  if (const char* why = chan::dimsProblem(dims_))  // the same knobs on every rank
+    return FUSCO_FAIL(fuscoInvalidArgument, kInit,
+                      "FUSCO_CUDA_RING_BYTES / _SPLIT / _SLOTS: %s (%llu-byte slots)", why,
+                      static_cast<unsigned long long>(dims_.slotBytes));
+  // Every step is collective: a rank alone on its node takes part with nothing to offer.
+  std::vector<uint64_t> tokens(c.nranks(), 0);
+  FUSCO_CHECK(agreed(c, local > 0 ? exportArea(c, &tokens) : fuscoSuccess, "export its channels"));
+  std::vector<std::string> all;
+  FUSCO_CHECK(c.bootstrap().allGather(tokenBlob(tokens), &all));
+  FUSCO_CHECK(agreed(c, local > 0 ? mapPeers(c, all) : fuscoSuccess, "map its peers' channels"));
+  if (local > 0)
+    FUSCO_INFO(kInit,
+               "channels: %d local peers, %u x %u slots of %llu bytes each way per pair, %zu "
+               "bytes per rank",
+               local, dims_.split, dims_.slots, static_cast<unsigned long long>(dims_.slotBytes),
+               total_);
+  return fuscoSuccess;
 }
 
 void Channels::release(Communicator& c) {

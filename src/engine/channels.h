@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "device/chan_roles.h"
@@ -25,7 +26,8 @@ class Communicator;
 class Channels {
  public:
   // Allocates, zeroes and exports this rank's area and maps every local peer's (collective over
-  // the comm's bootstrap, at init). A comm with no local peer has no channels.
+  // the comm's bootstrap, at init; a failure on any rank fails it on every rank, naming that
+  // rank). A comm with no local peer has no channels.
   fuscoResult_t map(Communicator& c);
   // The pair with `peer` has a channel.
   bool has(int peer) const {
@@ -46,6 +48,8 @@ class Channels {
   // Where x sits among owner's local peers (ranks of their node but owner, ascending).
   int indexOf(int owner, int x) const;
   void layOut(int localPeers);
+  fuscoResult_t exportArea(Communicator& c, std::vector<uint64_t>* tokens);
+  fuscoResult_t mapPeers(Communicator& c, const std::vector<std::string>& all);
 
   chan::RingDims dims_{};
   size_t stateBytes_ = 0, wordsBytes_ = 0;
