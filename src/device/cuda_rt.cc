@@ -239,9 +239,10 @@ DeviceBuffer::~DeviceBuffer() {
     cudaEventSynchronize(static_cast<cudaEvent_t>(e));
     cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
-  if (event_) {
-    cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
-    cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  for (void* e : events_) {
+    if (e == nullptr) continue;
+    cudaEventSynchronize(static_cast<cudaEvent_t>(e));
+    cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
   if (dev_) cudaFree(dev_);
   if (host_) cudaFreeHost(host_);
@@ -249,9 +250,17 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 fuscoResult_t DeviceBuffer::reserve(size_t bytes, int64_t timeoutMs) {
-  if (event_) FUSCO_CHECK(waitEventWithin(event_, timeoutMs, "the previous upload"));
-  if (bytes <= cap_) return fuscoSuccess;
-  // Growing frees and allocates: on the caller's thread (planning), in a setup window.
+  if (bytes > cap_) return grow(bytes, timeoutMs);
+  half_ = (half_ + 1) % halves_;
+  if (events_[half_])
+    FUSCO_CHECK(waitEventWithin(events_[half_], timeoutMs, "the last upload from this host side"));
+  return fuscoSuccess;
+}
+
+// Growing frees and allocates: on the caller's thread (planning), in a setup window.
+fuscoResult_t DeviceBuffer::grow(size_t bytes, int64_t timeoutMs) {
+  for (void* e : events_)
+    if (e != nullptr) FUSCO_CHECK(waitEventWithin(e, timeoutMs, "the previous upload"));
   CudaSetupWindow w;
   FUSCO_CHECK(w.open(timeoutMs, "growing a device buffer (planning)"));
   // The old device memory is freed: every enqueued reader must be done with it.
@@ -263,8 +272,9 @@ fuscoResult_t DeviceBuffer::reserve(size_t bytes, int64_t timeoutMs) {
   if (host_) FUSCO_CUDACHECK(cudaFreeHost(host_), kEngine);
   dev_ = host_ = nullptr;
   cap_ = 0;
+  half_ = 0;
   FUSCO_CUDACHECK(cudaMalloc(reinterpret_cast<void**>(&dev_), cap), kEngine);
-  FUSCO_CUDACHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), cap), kEngine);
+  FUSCO_CUDACHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), cap * halves_), kEngine);
   cap_ = cap;
   return fuscoSuccess;
 }
@@ -283,13 +293,14 @@ fuscoResult_t DeviceBuffer::upload(size_t bytes, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   FUSCO_CHECK(waitUsesOn(stream));
   if (bytes > 0)
-    FUSCO_CUDACHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, s), kEngine);
-  if (event_ == nullptr) {
+    FUSCO_CUDACHECK(cudaMemcpyAsync(dev_, host(), bytes, cudaMemcpyHostToDevice, s), kEngine);
+  void*& event = events_[half_];
+  if (event == nullptr) {
     cudaEvent_t e;
     FUSCO_CUDACHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), kEngine);
-    event_ = e;
+    event = e;
   }
-  FUSCO_CUDACHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), s), kEngine);
+  FUSCO_CUDACHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), s), kEngine);
   return fuscoSuccess;
 }
 
@@ -316,21 +327,22 @@ fuscoResult_t DeviceBuffer::markUsed(void* stream) {
 }
 
 fuscoResult_t DeviceBuffer::waitUploaded(void* stream) {
+  void* event = events_[half_];  // the last upload is from the current half
   bool capturing = false;
-  if (event_) FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
+  if (event) FUSCO_CHECK(cudaStreamCapturing(stream, &capturing));
   if (capturing) {
     // A graph cannot wait on work recorded outside it: the upload must be complete already.
     CudaRelaxedCapture relaxed;  // a query is not a legal call on a capturing thread otherwise
-    cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+    cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (q == cudaSuccess) return fuscoSuccess;
     cudaGetLastError();
     return FUSCO_FAIL(fuscoInvalidUsage, kEngine,
                       "the plan's index lists are still being uploaded: synchronize the plan's "
                       "stream before capturing a call that uses it");
   }
-  if (event_)
+  if (event)
     FUSCO_CUDACHECK(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
         kEngine);
   return fuscoSuccess;
 }
@@ -430,6 +442,7 @@ fuscoResult_t DeviceBuffer::upload(size_t, void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUploaded(void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::markUsed(void*) { return notBuilt(); }
 fuscoResult_t DeviceBuffer::waitUsesOn(void*) { return notBuilt(); }
+fuscoResult_t DeviceBuffer::grow(size_t, int64_t) { return notBuilt(); }
 fuscoResult_t deviceCopy(const std::vector<DevCopyTask>&, void*) { return notBuilt(); }
 size_t deviceCopyBatchBytes() { return 0; }
 size_t deviceCopyBatchSlots(size_t) { return 0; }

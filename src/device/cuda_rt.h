@@ -49,18 +49,25 @@ void cudaDeviceSyncQuiet();
 // event that later streams wait on (waitUploaded). The contents may be uploaded again while work
 // that reads the device side is still enqueued: markUsed(stream) after each such use records it
 // (an event per stream), the next upload waits for every recorded use on its own stream first,
-// and reserve() waits on the host, up to timeoutMs, for the previous upload's copy (before the
-// host side is written again) and, when it grows, for every recorded use (before the old device
-// memory is freed).
+// and reserve() waits on the host, up to timeoutMs, for the last upload from the host side it
+// hands out (before that side is written again) and, when it grows, for every recorded use
+// (before the old device memory is freed).
+//
+// With two host halves, each reserve() hands out the other half, so it waits only for the upload
+// before last: a plan can be written while the previous one's upload (and the summary it reads
+// back into its half) is still behind busy stream work (docs/DESIGN.md, "Capacity mode").
 class DeviceBuffer {
  public:
-  DeviceBuffer() = default;
+  explicit DeviceBuffer(int hostHalves = 1) : halves_(hostHalves == 2 ? 2 : 1) {}
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   // Makes room for `bytes` on both sides; the host side is safe to write on success.
   fuscoResult_t reserve(size_t bytes, int64_t timeoutMs);
-  char* host() const { return host_; }
+  char* host() const { return host_ == nullptr ? nullptr : host_ + half_ * cap_; }
+  // Which host half host() is (0 with one half), and where the host halves begin.
+  int half() const { return half_; }
+  char* hostBase() const { return host_; }
   char* device() const { return dev_; }
   size_t capacity() const { return cap_; }
   fuscoResult_t upload(size_t bytes, void* stream);
@@ -70,11 +77,13 @@ class DeviceBuffer {
   fuscoResult_t markUsed(void* stream);
 
  private:
+  fuscoResult_t grow(size_t bytes, int64_t timeoutMs);
   fuscoResult_t waitUsesOn(void* stream);
+  int halves_ = 1, half_ = 0;
   char* host_ = nullptr;
   char* dev_ = nullptr;
   size_t cap_ = 0;
-  void* event_ = nullptr;
+  void* events_[2] = {nullptr, nullptr};  // each host half's last upload
   // The recorded uses since the last upload: uses_ streams and their events (kept for reuse).
   std::vector<void*> useStreams_, useEvents_;
   size_t uses_ = 0;

@@ -34,6 +34,8 @@ fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void
 fuscoResult_t moeWaitPlan(MoeHandle& h);
 // Waits until nothing the comm's progress thread still has queued refers to h (handle destroy).
 fuscoResult_t moeQuiesce(MoeHandle& h);
+// The handle's stats as a new handle's (fuscoMoeGetStats), under h.statsMu.
+void resetStats(MoeHandle& h);
 // The plan's receive count and tokens per local expert where its stream wrote them (device
 // memory on a CUDA comm); fuscoInvalidUsage for a plan made on the host.
 fuscoResult_t moeRecvCountsDevice(const MoeHandle& h, const int64_t** numRecvRows,

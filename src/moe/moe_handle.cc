@@ -75,7 +75,7 @@ std::vector<ListStorage> MoeHandle::storage() const {
   l.add("dev.terms.row", dev.terms.row);
   l.add("dev.terms.weight", dev.terms.weight);
   l.add("dev.terms.last", dev.terms.last);
-  out.push_back(ListStorage{"devBuffer.host", devBuffer.host(), devBuffer.capacity()});
+  out.push_back(ListStorage{"devBuffer.host", devBuffer.hostBase(), devBuffer.capacity()});
   out.push_back(ListStorage{"devBuffer.device", devBuffer.device(), devBuffer.capacity()});
   return out;
 }

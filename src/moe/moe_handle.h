@@ -44,6 +44,15 @@ struct PlanNames {
   const char* fanLists;
 };
 
+// One plan by the steps, where its lists lie: the layer plan where the steps ran, its tables and
+// summary on the host, and its receive lists. A capacity plan resolves on the progress thread
+// from a copy of its own (plan_layer.cc), so a replan may carve the next one meanwhile.
+struct PlanView {
+  LayerPlan plan, staged;
+  uint32_t* fanStart = nullptr;
+  int64_t* fanRows = nullptr;
+};
+
 struct MoeHandle {
   Communicator* comm = nullptr;
   // The config of the fuscoMoePlan that made the handle, for its replans: the placement and the
@@ -107,7 +116,9 @@ struct MoeHandle {
     // Their host side (plan/moe_plan.h's planSumTerms), kept for the next upload.
     MoeSumTerms terms;
   } dev;
-  DeviceBuffer devBuffer;
+  // Two host halves: a capacity replan writes its tables into the half its predecessor is not
+  // reading back into (DeviceBuffer).
+  DeviceBuffer devBuffer{2};
 
   // The sizes of the plan's lists, per peer: what the device paths read on the host (both
   // planners fill them).
@@ -140,7 +151,7 @@ struct MoeHandle {
     uint32_t* fanStart = nullptr;
     int64_t* fanRows = nullptr;
     std::vector<uint32_t> rowOffFrom, entryOff;
-    StreamEvent summaryReady;
+    StreamEvent summaryReady[2];  // a capacity plan's summary, per half of devBuffer's host side
     // The receive counts where the device reads them (fuscoMoeGetRecvCountsDevice): a small
     // allocation of its own, made once, so the pointers stay valid across replans.
     DeviceBuffer countsBuffer;
@@ -164,6 +175,10 @@ struct MoeHandle {
   // Rows dispatch may read from x: a capacity plan's sizes are the progress thread's, so its
   // tokens bound them; else the rows the plan sends.
   size_t sendRowsBound() const { return capacity != 0 ? numTokens : rowsToSend(); }
+  // The plan the caller's thread made last (the progress thread resolves from its own copy).
+  PlanView stepsView() const {
+    return PlanView{steps.plan, steps.staged, steps.fanStart, steps.fanRows};
+  }
 };
 
 }  // namespace fusco

@@ -3,7 +3,6 @@
 // back to the sources) that give every rank its receive plan and tell each source where its rows
 // land. NODE dedup adds its own steps (plan_node.cc). A replan writes the same lists into the
 // handle's storage, which keeps its capacity.
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -212,16 +211,18 @@ fuscoResult_t planNewMoe(const fuscoMoeConfig_t* config, const int64_t* topkIdx,
 
 fuscoResult_t replanMoe(const int64_t* topkIdx, size_t numTokens, int topk, void* stream,
                         ArgCheck a, MoeHandle* h) {
-  // Nothing queued may still read (or note stats into) the plan this call rewrites.
-  if (h->capacity != 0) FUSCO_CHECK(moeQuiesce(*h));
+  // A capacity plan resolves on the progress thread. On a CUDA comm it resolves from a copy of
+  // its own, with its tables and summary in its half of the handle's pinned buffer, so a replan
+  // never waits for it (docs/DESIGN.md, "Capacity mode"); a host comm's plan has one buffer, and
+  // nothing queued may still read it when this call rewrites it.
+  if (h->capacity != 0 && h->comm->memType() != fuscoMemCuda) FUSCO_CHECK(moeQuiesce(*h));
   h->planned = false;
   h->names = &kReplanNames;
   h->numTokens = numTokens;
   h->topk = topk;
-  {
-    std::lock_guard<std::mutex> lk(h->statsMu);
-    h->stats = fuscoMoeStats_t{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};  // as a new handle's
-  }
+  // As a new handle's. A capacity plan's on a CUDA comm become so when it resolves, in call
+  // order (its dispatch and combine note their traffic on the progress thread).
+  if (h->capacity == 0 || h->comm->memType() != fuscoMemCuda) resetStats(*h);
   return planWith(topkIdx, stream, a, h);
 }
 

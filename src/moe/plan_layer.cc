@@ -131,6 +131,8 @@ void LayerRun::checkCapture(ArgCheck* a) {
 // The layer plan's buffer (a capacity plan also carves its receive lists now).
 fuscoResult_t LayerRun::reserve(size_t bytes) {
   if (dev_) {
+    // Growing frees both host halves, which an earlier capacity plan may still be resolving from.
+    if (h_.capacity != 0 && bytes > h_.devBuffer.capacity()) FUSCO_CHECK(moeQuiesce(h_));
     FUSCO_CHECK(h_.devBuffer.reserve(bytes, c_.timeoutMs()));
     carveLayerPlan(h_.devBuffer.device(), d_, &p_);
     carveLayerPlan(h_.devBuffer.host(), d_, &st_);
@@ -263,7 +265,9 @@ fuscoResult_t LayerRun::joinFailedCall(const ArgCheck& a) {
   const std::string why = threadLastError();
   const std::vector<PeerWork> none(n_);
   (void)op(h_.names->bases, a, none, true);
-  if (h_.capacity != 0) (void)op(h_.names->fanLists, a, none, false);
+  MoeHandle* h = &h_;  // the stats as lateFanLists leaves them
+  if (h_.capacity != 0)
+    (void)op(h_.names->fanLists, a, none, false, nullptr, [h](bool) { resetStats(*h); });
   setThreadLastError(why);
   return r;
 }
@@ -298,7 +302,7 @@ fuscoResult_t LayerRun::readSummary(ArgCheck* b) {
     return fuscoSuccess;
   }
   int badSource = -1;
-  checkSummary(h_, b, &badSource);
+  checkSummary(h_, h_.stepsView(), b, &badSource);
   if (badSource >= 0) {
     // Every rank read it: each fails now, and no rank waits for another's verdict.
     *b = ArgCheck();
@@ -355,7 +359,7 @@ fuscoResult_t LayerRun::exchangeFanLists(const ArgCheck& b) {
   // A rank that cannot hold its lists still joins, so its peers fail at once with its reason.
   if (room.ok()) joinFailure(reserveFanLists(rows, entries), &room);
   std::vector<PeerWork> w(n_);
-  if (room.ok()) fanListsWork(h_, &w);
+  if (room.ok()) fanListsWork(h_, h_.stepsView(), &w);
   FUSCO_CHECK(op(h_.names->fanLists, room, w, false));
   // Dispatch and combine on other streams wait for everything above.
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
@@ -365,7 +369,7 @@ fuscoResult_t LayerRun::exchangeFanLists(const ArgCheck& b) {
 // by the comm's timeout and its peers' liveness.
 // It runs on the progress thread, so like every wait there it keeps the transports (and a network
 // bridge's posts, exec/net_bridge.h, which the earlier operations need) moving on every poll.
-fuscoResult_t waitSummary(MoeHandle& h) {
+fuscoResult_t waitSummary(MoeHandle& h, int half) {
   Communicator& c = *h.comm;
   int64_t lastLive = nowNs();
   auto alive = [&c, &lastLive]() -> fuscoResult_t {
@@ -379,15 +383,18 @@ fuscoResult_t waitSummary(MoeHandle& h) {
       if (p != c.rank()) FUSCO_CHECK(c.checkPeer(p));
     return fuscoSuccess;
   };
-  return h.steps.summaryReady.waitWithin(c.timeoutMs(), "a capacity plan's stream work", alive, 0);
+  return h.steps.summaryReady[half].waitWithin(c.timeoutMs(), "a capacity plan's stream work",
+                                               alive, 0);
 }
 
 // A capacity plan's last operation, once its summary is on the host (on the progress thread for
-// an enqueued operation): the routing's and the capacity's verdict, the sizes and the lists.
-fuscoResult_t resolveFanLists(MoeHandle& h, Op& op) {
-  FUSCO_CHECK(waitSummary(h));
+// an enqueued operation): the routing's and the capacity's verdict, the sizes and the lists. It
+// reads the plan from `v`, its own copy: a replan may have carved the next one into the other
+// half meanwhile.
+fuscoResult_t resolveFanLists(MoeHandle& h, const PlanView& v, int half, Op& op) {
+  FUSCO_CHECK(waitSummary(h, half));
   ArgCheck b;
-  const gplan::SendArgs& st = h.steps.staged.send;
+  const gplan::SendArgs& st = v.staged.send;
   if (*st.badSlot != gplan::kNoBadSlot) {
     b.fail(
         "MoE routing: token %llu slot %llu: an expert id outside [-1, %d) or repeated within "
@@ -395,41 +402,50 @@ fuscoResult_t resolveFanLists(MoeHandle& h, Op& op) {
         *st.badSlot / st.topk, *st.badSlot % st.topk, h.shape.numExperts);
   } else {
     int badSource = -1;  // its own operation carries its verdict to every rank
-    checkSummary(h, &b, &badSource);
+    checkSummary(h, v, &b, &badSource);
   }
   op.argStatus = b.status;
   op.argError = b.message;
   if (!b.ok()) return fuscoSuccess;
-  fanListsWork(h, &op.peers);
+  fanListsWork(h, v, &op.peers);
   // A CUDA comm's lists are pointers, known now; a host comm copies its lists out once they
   // arrived (LayerRun::finish).
-  if (h.comm->memType() == fuscoMemCuda) finishLists(h);
+  if (h.comm->memType() == fuscoMemCuda) finishLists(h, v);
   return fuscoSuccess;
 }
 
 // Step 8 of a capacity plan: enqueued now, sized by resolveFanLists.
 fuscoResult_t LayerRun::lateFanLists() {
+  const int half = dev_ ? h_.devBuffer.half() : 0;
   if (dev_)
     FUSCO_CHECK(cudaCopyAsync(h_.devBuffer.host() + p_.summaryOffset,
                               h_.devBuffer.device() + p_.summaryOffset, p_.summaryBytes, s_));
-  if (dev_) FUSCO_CHECK(h_.steps.summaryReady.record(s_));
+  if (dev_) FUSCO_CHECK(h_.steps.summaryReady[half].record(s_));
   std::vector<PeerWork> w(n_);
   for (PeerWork& pw : w) {
     pw.sends.resize(2);
     pw.recvs.resize(2);
   }
-  // planState changes on the progress thread only, in call order: an earlier dispatch still
-  // resolving sees the plan it was called with.
+  // planState and the stats change on the progress thread only, in call order: an earlier
+  // dispatch still resolving sees the plan it was called with, and notes its traffic before the
+  // stats are a new plan's.
+  // (A host comm's dispatch notes its traffic in the call, and its replan resets the stats.)
   MoeHandle* h = &h_;
+  const PlanView v = h_.stepsView();
+  const bool dev = dev_;
   FUSCO_CHECK(op(
-      h_.names->fanLists, ArgCheck(), w, false, [h](Op& o) { return resolveFanLists(*h, o); },
-      [h](bool ok) { h->planState = ok ? MoeHandle::kPlanReady : MoeHandle::kPlanFailed; },
+      h_.names->fanLists, ArgCheck(), w, false,
+      [h, v, half](Op& o) { return resolveFanLists(*h, v, half, o); },
+      [h, dev](bool ok) {
+        h->planState = ok ? MoeHandle::kPlanReady : MoeHandle::kPlanFailed;
+        if (dev) resetStats(*h);
+      },
       fanListsBytes_));
   return dev_ ? h_.devBuffer.upload(0, s_) : fuscoSuccess;
 }
 
 void LayerRun::finish() {
-  if (h_.capacity == 0 || !dev_) finishLists(h_);
+  if (h_.capacity == 0 || !dev_) finishLists(h_, h_.stepsView());
   if (!dev_) keepRouting(topk_, &h_);
   if (paramPlanTrace() != 0 && (h_.capacity == 0 || !dev_)) traceSizes(h_);
 }

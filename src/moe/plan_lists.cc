@@ -4,6 +4,7 @@
 #include "moe/plan_lists.h"
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 
 #include "core/log.h"
@@ -20,11 +21,11 @@ uint32_t numLocal(const MoeHandle& h) {
 }
 
 // CUDA comms: the device paths' pointers into the layer plan.
-void deviceLists(MoeHandle& h) {
+void deviceLists(MoeHandle& h, const PlanView& v) {
   const int n = h.comm->nranks();
   MoeHandle::DevicePlan& dv = h.dev;
-  const LayerPlan& p = h.steps.plan;
-  const LayerPlan& st = h.steps.staged;
+  const LayerPlan& p = v.plan;
+  const LayerPlan& st = v.staged;
   dv.sendRows.resize(n), dv.remoteFanRows.resize(n), dv.recvFanRows.resize(n);
   dv.sendKStart.resize(n), dv.recvFanStart.resize(n);
   for (int q = 0; q < n; ++q) {
@@ -32,8 +33,8 @@ void deviceLists(MoeHandle& h) {
     dv.sendRows[q] = p.send.rows + rOff;
     dv.remoteFanRows[q] = p.fan.remoteFan + sOff;
     dv.sendKStart[q] = p.send.kStart + rOff + q;
-    dv.recvFanStart[q] = h.steps.fanStart + h.steps.rowOffFrom[q];
-    dv.recvFanRows[q] = h.steps.fanRows + h.steps.entryOff[q];
+    dv.recvFanStart[q] = v.fanStart + h.steps.rowOffFrom[q];
+    dv.recvFanRows[q] = v.fanRows + h.steps.entryOff[q];
   }
   dv.paddingRanges = p.layout.padding;
   dv.paddingLongest = 0;
@@ -51,9 +52,9 @@ void takeList(const T* from, size_t count, std::vector<T>* to) {
 }
 
 // Host comms: the host paths' lists, copied out of the layer plan.
-void hostLists(MoeHandle& h) {
+void hostLists(MoeHandle& h, const PlanView& v) {
   const int n = h.comm->nranks();
-  const gplan::SendArgs& s = h.steps.plan.send;
+  const gplan::SendArgs& s = v.plan.send;
   const MoeHandle::Sizes& z = h.sizes;
   MoeSendPlan& sp = h.send;
   sp.numTokens = h.numTokens, sp.topk = h.topk;
@@ -66,18 +67,18 @@ void hostLists(MoeHandle& h) {
     takeList(s.meta + rOff + sOff, z.rowsTo[r] + z.slotsTo[r], &sp.meta[r]);
     takeList(s.kStart + rOff + r, z.rowsTo[r] + 1, &sp.kStart[r]);
     takeList(s.kSlots + sOff, z.slotsTo[r], &sp.kSlots[r]);
-    takeList(h.steps.plan.fan.remoteFan + sOff, z.slotsTo[r], &h.remoteFanRows[r]);
+    takeList(v.plan.fan.remoteFan + sOff, z.slotsTo[r], &h.remoteFanRows[r]);
     takeList(s.weightIdx + sOff, z.slotsTo[r], &h.weightIdx[r]);
-    takeList(h.steps.fanStart + h.steps.rowOffFrom[r], z.rowsFrom[r] + 1, &h.recv.fanStart[r]);
-    takeList(h.steps.fanRows + h.steps.entryOff[r], z.slotsFrom[r], &h.recv.fanRows[r]);
+    takeList(v.fanStart + h.steps.rowOffFrom[r], z.rowsFrom[r] + 1, &h.recv.fanStart[r]);
+    takeList(v.fanRows + h.steps.entryOff[r], z.slotsFrom[r], &h.recv.fanRows[r]);
   }
 }
 
 }  // namespace
 
-void checkSummary(MoeHandle& h, ArgCheck* b, int* badSource) {
+void checkSummary(MoeHandle& h, const PlanView& v, ArgCheck* b, int* badSource) {
   const int n = h.comm->nranks();
-  const LayerPlan& st = h.steps.staged;
+  const LayerPlan& st = v.staged;
   MoeHandle::Sizes& z = h.sizes;
   const uint32_t mine = numLocal(h);
   z.rowsTo.assign(n, 0), z.slotsTo.assign(n, 0), z.rowsFrom.assign(n, 0), z.slotsFrom.assign(n, 0);
@@ -120,11 +121,11 @@ void checkSummary(MoeHandle& h, ArgCheck* b, int* badSource) {
   }
 }
 
-void fanListsWork(MoeHandle& h, std::vector<PeerWork>* work) {
+void fanListsWork(MoeHandle& h, const PlanView& v, std::vector<PeerWork>* work) {
   const int n = h.comm->nranks();
   const MoeHandle::Sizes& z = h.sizes;
-  const LayerPlan& p = h.steps.plan;
-  const LayerPlan& st = h.steps.staged;
+  const LayerPlan& p = v.plan;
+  const LayerPlan& st = v.staged;
   std::vector<uint32_t>& ro = h.steps.rowOffFrom;
   std::vector<uint32_t>& eo = h.steps.entryOff;
   ro.assign(n + 1, 0), eo.assign(n + 1, 0);
@@ -139,14 +140,13 @@ void fanListsWork(MoeHandle& h, std::vector<PeerWork>* work) {
     w.sends.push_back(
         RowStream::flat(p.send.kStart + rOff + r, (z.rowsTo[r] + 1) * sizeof(uint32_t)));
     w.sends.push_back(RowStream::flat(p.fan.remoteFan + sOff, z.slotsTo[r] * sizeof(int64_t)));
-    w.recvs.push_back(
-        RowStream::flat(h.steps.fanStart + ro[r], (z.rowsFrom[r] + 1) * sizeof(uint32_t)));
-    w.recvs.push_back(RowStream::flat(h.steps.fanRows + eo[r], z.slotsFrom[r] * sizeof(int64_t)));
+    w.recvs.push_back(RowStream::flat(v.fanStart + ro[r], (z.rowsFrom[r] + 1) * sizeof(uint32_t)));
+    w.recvs.push_back(RowStream::flat(v.fanRows + eo[r], z.slotsFrom[r] * sizeof(int64_t)));
   }
 }
 
-void finishLists(MoeHandle& h) {
-  const LayerPlan& st = h.steps.staged;
+void finishLists(MoeHandle& h, const PlanView& v) {
+  const LayerPlan& st = v.staged;
   MoeRecvPlan& rp = h.recv;
   const uint32_t mine = numLocal(h);
   rp.numRecvRows = st.layout.totals[0];
@@ -157,9 +157,9 @@ void finishLists(MoeHandle& h) {
   for (size_t i = 0; i < rp.padding.size(); ++i)
     rp.padding[i] = RowRange{st.layout.padding[2 * i], st.layout.padding[2 * i + 1]};
   if (h.comm->memType() == fuscoMemCuda) {
-    deviceLists(h);
+    deviceLists(h, v);
   } else {
-    hostLists(h);
+    hostLists(h, v);
   }
 }
 
@@ -174,6 +174,11 @@ void keepRouting(const int64_t* topkIdx, MoeHandle* h) {
 fuscoResult_t moeQuiesce(MoeHandle& h) {
   Progress* progress = h.comm->progress();
   return progress != nullptr ? progress->runSync([] { return fuscoSuccess; }) : fuscoSuccess;
+}
+
+void resetStats(MoeHandle& h) {
+  std::lock_guard<std::mutex> lk(h.statsMu);
+  h.stats = fuscoMoeStats_t{sizeof(fuscoMoeStats_t), 0, 0, 0, 0, 0, 0};
 }
 
 fuscoResult_t moeWaitPlan(MoeHandle& h) {

@@ -11,16 +11,19 @@
 
 namespace fusco {
 
+// Each reads the plan `v` (h.stepsView() on the caller's thread; a capacity plan's own copy on the
+// progress thread).
+//
 // The sizes the summary gives (h.sizes), after checking the count messages that arrived
 // (fuscoRemoteError naming the source) and the receive rows against h.capacity. *badSource: the
 // first source whose count message says its routing is invalid (-1: none; its sizes are not
 // read, and that source's own check fails the call).
-void checkSummary(MoeHandle& h, ArgCheck* b, int* badSource);
+void checkSummary(MoeHandle& h, const PlanView& v, ArgCheck* b, int* badSource);
 // The last operation's work: each source's kStart and fan rows for each destination, into the
-// receive lists at h.steps.fanStart / fanRows (sets the offsets rowOffFrom and entryOff).
-void fanListsWork(MoeHandle& h, std::vector<PeerWork>* work);
+// receive lists at v.fanStart / fanRows (sets the offsets h.steps.rowOffFrom and entryOff).
+void fanListsWork(MoeHandle& h, const PlanView& v, std::vector<PeerWork>* work);
 // The receive counts on the host and the lists where the comm's paths read them.
-void finishLists(MoeHandle& h);
+void finishLists(MoeHandle& h, const PlanView& v);
 // The host copy of the routing the plan was made from (topkIdx in host memory; nothing when it is
 // the handle's own copy already).
 void keepRouting(const int64_t* topkIdx, MoeHandle* h);

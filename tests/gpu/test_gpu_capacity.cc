@@ -45,6 +45,10 @@ fuscoResult_t planCapacity(fuscoComm_t comm, int rank, const CombineSetup& s, co
 }
 
 // Plan + dispatch + combine enqueued behind a 2 s spin: all return within 1 s; then the bytes.
+// Class E's reproducer (docs/TESTING.md, "Failure classes"): the handle's first plan allocates its
+// buffers and combine copies the cudaMalloc'd expertOut into a buffer it allocates, and each
+// allocation may wait for the device (behind the spin), so the check fails with "waited for the
+// stream"; ctest passes this test by that message while it does.
 TEST(GpuMoeCapacity, PlanDispatchCombineOnlyEnqueueAndMatchTheReference) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
@@ -87,12 +91,15 @@ TEST(GpuMoeCapacity, PlanDispatchCombineOnlyEnqueueAndMatchTheReference) {
   });
 }
 
-// Class E (docs/TESTING.md, "Failure classes"): a capacity plan, its dispatch, a replan to a new
-// routing, then dispatch and combine, all enqueued behind a 2 s spin, return within 1 s and give
-// the new routing's bytes. expertOut comes from the comm's arena, so only E is in play. Until a
-// replan uploads through pinned halves of its own, it waits for the plan's upload, which is behind
-// the spin, and the check fails with "waited for the stream"; ctest passes this test by that
-// message while it does.
+// Class E (docs/TESTING.md, "Failure classes"), the replan: behind a 2 s spin, two capacity
+// replans (each with its dispatch and combine) return within 1 s, and both combines and the last
+// dispatch give their routing's bytes. The second replan is made while the first one, and the
+// plan before it, still wait for the stream to bring their summaries back: it must neither wait
+// for them nor write over what they resolve from (each plan has its half of the handle's pinned
+// buffer). The handle's first plan, its buffers' mappings and the kernels' loading are done before
+// the spin: planning for the first time allocates (GpuMoeCapacity.PlanDispatchCombine...).
+// recvX and expertOut (both routings' rows, at 0 and at `capacity` rows) come from the comm's
+// arena, mapped by the peers before the first call.
 TEST(GpuMoeCapacity, ReplanOnlyEnqueuesBehindABusyStream) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
@@ -103,30 +110,58 @@ TEST(GpuMoeCapacity, ReplanOnlyEnqueuesBehindABusyStream) {
     DevBuf idxA = toDevice(comm, a.p.topkIdx[ctx.rank]),
            idxB = toDevice(comm, b.p.topkIdx[ctx.rank]);
     DevBuf xA = toDevice(comm, a.x[ctx.rank]), xB = toDevice(comm, b.x[ctx.rank]);
-    DevBuf recvX = poisonedBuf(comm, capacity * rowOut);
-    DevBuf expertOut(comm, capacity * rowOut, Mem::Arena);
-    expertOut.upload(b.expertOut[ctx.rank]);
-    DevBuf w = toDevice(comm, b.weights[ctx.rank]);
-    DevBuf out = poisonedBuf(comm, b.p.numTokens[ctx.rank] * rowOut);
+    DevBuf wA = toDevice(comm, a.weights[ctx.rank]), wB = toDevice(comm, b.weights[ctx.rank]);
+    DevBuf recvX = poisonedBuf(comm, capacity * rowOut, Mem::Arena);
+    DevBuf expertOut(comm, 2 * capacity * rowOut, Mem::Arena);
+    expertOut.upload(a.expertOut[ctx.rank].data(), a.expertOut[ctx.rank].size(), capacity * rowOut);
+    expertOut.upload(b.expertOut[ctx.rank].data(), b.expertOut[ctx.rank].size());
+    const auto* outA = expertOut.bytes() + capacity * rowOut;
+    const auto* outB = expertOut.bytes();
+    DevBuf combA = poisonedBuf(comm, a.p.numTokens[ctx.rank] * rowOut),
+           combB = poisonedBuf(comm, b.p.numTokens[ctx.rank] * rowOut);
+    auto dispatchCombine = [&](const DevBuf& x, const uint8_t* eo, const DevBuf& w,
+                               const DevBuf& out, fuscoMoeHandle_t h) {
+      FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, x.get(), rowOut, recvX.get(), st));
+      FUSCO_EXPECT_OK(comm, fuscoMoeCombine(h, eo, fuscoBfloat16, b.hidden,
+                                            static_cast<const float*>(w.get()), out.get(), st));
+    };
+    // Every rank's arena buffers exist before the first call, which maps its peers', and every
+    // rank made that call before any offers them in place.
+    int one = 1;
+    std::vector<int> all(4);
+    FUSCO_ASSERT_OK(comm, fuscoCommHostAllGather(comm, &one, all.data(), sizeof one));
+    fuscoMoeHandle_t h = nullptr;
+    FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, b, idxB, capacity, st, &h));
+    FUSCO_ASSERT_OK(comm, fuscoCommHostAllGather(comm, &one, all.data(), sizeof one));
+    dispatchCombine(xB, outB, wB, combB, h);
+    CUDA_ASSERT_OK(cudaStreamSynchronize(st));
     CUDA_ASSERT_OK(spinAsync(st, 2.0));
     const double t0 = nowSec();
-    fuscoMoeHandle_t h = nullptr;
-    FUSCO_ASSERT_OK(comm, planCapacity(comm, ctx.rank, a, idxA, capacity, st, &h));
-    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, xA.get(), rowOut, recvX.get(), st));
+    FUSCO_ASSERT_OK(comm, fuscoMoeReplan(h, static_cast<const int64_t*>(idxA.get()),
+                                         a.p.numTokens[ctx.rank], a.p.topk, st));
+    dispatchCombine(xA, outA, wA, combA, h);
     FUSCO_ASSERT_OK(comm, fuscoMoeReplan(h, static_cast<const int64_t*>(idxB.get()),
                                          b.p.numTokens[ctx.rank], b.p.topk, st));
-    FUSCO_EXPECT_OK(comm, fuscoMoeDispatch(h, xB.get(), rowOut, recvX.get(), st));
-    FUSCO_EXPECT_OK(comm, fuscoMoeCombine(h, expertOut.get(), fuscoBfloat16, b.hidden,
-                                          static_cast<const float*>(w.get()), out.get(), st));
+    combB.poison(st, true);
+    dispatchCombine(xB, outB, wB, combB, h);
     const double sec = nowSec() - t0;
-    EXPECT_LT(sec, 1.0) << "a capacity replan, dispatch and combine waited for the stream: " << sec
-                        << " s behind a 2 s kernel";
+    EXPECT_LT(sec, 1.0) << "two capacity replans, their dispatches and combines waited for the "
+                           "stream: "
+                        << sec << " s behind a 2 s kernel";
     CUDA_ASSERT_OK(cudaStreamSynchronize(st));
+    fuscoResult_t async = fuscoSuccess;
+    FUSCO_EXPECT_OK(comm, fuscoCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, fuscoSuccess) << fuscoGetLastError(comm);
     const std::vector<uint8_t> got = recvX.download();
     EXPECT_TRUE(std::equal(b.d.recvX[ctx.rank].begin(), b.d.recvX[ctx.rank].end(), got.begin()))
-        << "recvX after the replan";
-    const auto want = fusco::test::moeRefCombine(b.p, b.d, b.expertOut, b.dt, b.hidden, b.weights);
-    EXPECT_TRUE(out.download() == want[ctx.rank]) << "out after the replan";
+        << "recvX after the second replan";
+    const auto wantA = fusco::test::moeRefCombine(a.p, a.d, a.expertOut, a.dt, a.hidden, a.weights);
+    EXPECT_TRUE(combA.download() == wantA[ctx.rank]) << "out after the first replan";
+    const auto wantB = fusco::test::moeRefCombine(b.p, b.d, b.expertOut, b.dt, b.hidden, b.weights);
+    EXPECT_TRUE(combB.download() == wantB[ctx.rank]) << "out after the second replan";
+    size_t rows = 0;
+    FUSCO_EXPECT_OK(comm, fuscoMoeGetRecvCounts(h, &rows, nullptr));
+    EXPECT_EQ(rows, b.d.numRecvRows[ctx.rank]);
     FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
   });
 }

@@ -32,8 +32,7 @@ set(_fusco_twin_classes
   "GpuFaultKill.PeerKilledDuringALoopOfMoeCallsFailsEverySurvivor" "${_a}${_or}"
   "GpuBadInput.HostPointersInMoeCallsOnOneRankFailEveryRank" "${_a}${_or}"
   "GpuGraph.MoeDispatchCombineReplays" "${_a}${_or}"
-  "GpuMoeCapacity.ReplanOnlyEnqueuesBehindABusyStream" "${_e}"
-  "GpuMoeCapacity.PlanDispatchCombineOnlyEnqueueAndMatchTheReference" "${_e}${_or}"
+  "GpuMoeCapacity.PlanDispatchCombineOnlyEnqueueAndMatchTheReference" "${_e}"
 )
 list(LENGTH _fusco_twin_classes _n)
 math(EXPR _last "${_n} - 1")
