@@ -9,45 +9,14 @@
 
 #include <cstdint>
 
+#include "device/chan_reduce.h"
 #include "device/chan_steps.h"
+#include "device/chan_table.h"
 #include "device/device_ops.h"
 #include "device/op_steps.h"
 
 namespace fusco {
 namespace chan {
-
-// One role (in the operation's parameter block; addresses are the stream's).
-struct Role {
-  uint32_t send;     // 1: produce to `peer`; 0: consume from it
-  uint32_t peer;     // the other rank (a timeout names it)
-  uint32_t ntasks;   // messages (DevCopyTask, one per message)
-  uint32_t split;    // sub-rings
-  uint64_t tasks;    // DevCopyTask[ntasks]: a send's sources, a receive's destinations
-  uint64_t slots;    // the pair's first slot (in the consumer's area)
-  uint64_t tails;    // uint64_t[split], in the consumer's area
-  uint64_t heads;    // uint64_t[split], in the producer's area
-  uint64_t cursors;  // ProducerCursor[split] or ConsumerCursor[split], this rank's own state
-  uint64_t epoch;    // uint64_t, this rank's count of this direction's operations
-  uint64_t slotBytes;
-  uint32_t depth;
-  uint32_t pad;
-};
-
-// The roles of one operation: a count, then the roles.
-struct RoleTable {
-  uint32_t count;
-  uint32_t pad[3];
-};
-FUSCO_HD inline Role* rolesOf(char* table) { return reinterpret_cast<Role*>(table + 16); }
-
-FUSCO_HD inline Ring ringOf(const Role& r, uint32_t s) {
-  Ring ring;
-  ring.d = RingDims{r.split, r.depth, r.slotBytes};
-  ring.slots = subRingSlots(reinterpret_cast<char*>(r.slots), ring.d, s);
-  ring.tail = reinterpret_cast<uint64_t*>(r.tails) + s;
-  ring.head = reinterpret_cast<uint64_t*>(r.heads) + s;
-  return ring;
-}
 
 // The byte range [off, off + n) of a message, row by row: the task's rows in order (a row's
 // bytes at rowAt(row)); each piece goes to visit(rowPointer + within, bytes, rowIndex).
@@ -66,7 +35,9 @@ FUSCO_HD inline void forEachRowPiece(const DevCopyTask& t, uint64_t off, uint64_
 }
 
 // A send's messages as items: read copies a message's bytes out of its source rows. Copy is
-// copy(to, from, n, userSide): userSide names the caller's buffer (the twin checks it).
+// copy(to, from, n, userSide) -> bool: userSide names the caller's buffer (the twin checks it).
+// With `to` null it only checks that `from` may be read, with `from` null that `to` may be
+// written (the reduce role's rows): false when not.
 template <class Copy>
 struct SendItems {
   const DevCopyTask* tasks;
@@ -112,21 +83,25 @@ struct RolesState {
 };
 
 // A new operation's roles: each direction's epoch advances, and each sub-ring's cursor starts at
-// its range of the messages (positions carry on).
+// its range of the messages (positions carry on); then the reduce role, which reads where its
+// feeds start.
 FUSCO_HD inline void startRoles(Role* roles, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) {
     Role& r = roles[i];
+    if (r.kind == kReduce) continue;
     uint64_t* epoch = reinterpret_cast<uint64_t*>(r.epoch);
     *epoch = *epoch + 1;
     for (uint32_t s = 0; s < r.split; ++s) {
       uint64_t b = 0, e = 0;
       splitRange(r.ntasks, r.split, s, &b, &e);
-      if (r.send)
+      if (r.kind == kProduce)
         startItems(reinterpret_cast<ProducerCursor*>(r.cursors)[s], b);
       else
         startItems(reinterpret_cast<ConsumerCursor*>(r.cursors)[s], b);
     }
   }
+  for (uint32_t i = 0; i < n; ++i)
+    if (roles[i].kind == kReduce) startReduce(roles[i], roles, roles[i].ntasks);
 }
 
 // One sub-ring of one role, up to its depth in slots: kProgress when a slot moved, else what
@@ -141,7 +116,7 @@ FUSCO_HD inline StepStatus stepSubRing(const Role& r, uint32_t s, const Copy& co
   StepStatus last = kFinished;
   bool moved = false;
   for (uint32_t k = 0; k < r.depth; ++k) {
-    if (r.send)
+    if (r.kind == kProduce)
       last = produce(ring, reinterpret_cast<ProducerCursor*>(r.cursors)[s],
                      SendItems<Copy>{tasks, copy}, e, epoch);
     else
@@ -167,19 +142,27 @@ FUSCO_HD inline op::WaitStatus stepRoles(Role* roles, uint32_t n, RolesState& st
   }
   bool done = true, moved = false;
   uint32_t waitingPeer = 0, waitingPhase = op::kPhaseTail;
+  // The reduce role's access check (a twin's copy checks the caller's memory, chan_reduce.h).
+  const auto check = [&copy](const void* p, uint64_t bytes, bool write) -> bool {
+    return write ? copy(static_cast<char*>(const_cast<void*>(p)), nullptr, bytes, true)
+                 : copy(nullptr, static_cast<const char*>(p), bytes, false);
+  };
   for (uint32_t i = 0; i < n; ++i)
-    for (uint32_t s = 0; s < roles[i].split; ++s) {
-      const StepStatus r = stepSubRing(roles[i], s, copy);
+    for (uint32_t s = 0; s < (roles[i].kind == kReduce ? 1 : roles[i].split); ++s) {
+      if (roles[i].kind == kFeed) continue;  // read in place by the reduce role
+      uint32_t peer = roles[i].peer;
+      const StepStatus r = roles[i].kind == kReduce
+                               ? reduceStep(roles[i], roles, roles[i].ntasks, check, &peer)
+                               : stepSubRing(roles[i], s, copy);
       if (r == kCorrupt) {
-        op::reportTimeout(words, roles[i].peer, op::kPhaseSlot);
+        op::reportTimeout(words, peer, op::kPhaseSlot);
         return op::kTimedOut;
       }
       if (r == kFinished) continue;
       done = false;
       moved = moved || r == kProgress;
       if (r != kProgress)
-        waitingPeer = roles[i].peer,
-        waitingPhase = r == kNoCredit ? op::kPhaseHead : op::kPhaseTail;
+        waitingPeer = peer, waitingPhase = r == kNoCredit ? op::kPhaseHead : op::kPhaseTail;
     }
   if (done) return op::kReady;
   if (moved) {

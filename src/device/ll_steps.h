@@ -132,28 +132,6 @@ using op::loadAcquire;
 using op::storeRelease;
 
 FUSCO_HD inline float bf16Value(uint16_t h) { return asFloat(static_cast<uint32_t>(h) << 16); }
-FUSCO_HD inline float divRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-FUSCO_HD inline float mulRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-FUSCO_HD inline float addRn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
 // fp32 -> e4m3 (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities): round to
 // nearest even, saturate to +-448, NaN -> 0x7f with its sign.
 FUSCO_HD inline uint8_t floatToE4m3(float f) {

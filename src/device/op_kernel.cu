@@ -68,7 +68,8 @@ __device__ void ringsStep(op::Header* h, const op::Step& s, int* gaveUp) {
     auto* words = reinterpret_cast<op::OpWords*>(__ldcv(&h->words));
     const uint64_t timeoutNs = __ldcv(&h->timeoutNs);
     const auto copy = [](char* to, const char* from, uint64_t bytes, bool) {
-      chan::copyBytes(to, from, bytes);
+      if (to != nullptr && from != nullptr) chan::copyBytes(to, from, bytes);
+      return true;
     };
     chan::RolesState st;
     op::WaitStatus r;

@@ -27,6 +27,30 @@ FUSCO_HD inline float asFloat(uint32_t u) {
   return f;
 }
 
+// Arithmetic rounded as written: no multiply and add fuse into one, on the device by CUDA's _rn
+// intrinsics, on the host because the build turns contraction off (-ffp-contract=off).
+FUSCO_HD inline float divRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+FUSCO_HD inline float mulRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+FUSCO_HD inline float addRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // All-ones when c holds, else 0. The conversions below compute every case and select with masks:
 // no branches (and no conditionally executed fp op), so the row loops vectorize.
 FUSCO_HD inline uint32_t maskIf(bool c) { return 0u - static_cast<uint32_t>(c); }

@@ -147,7 +147,7 @@ chan::Role Channels::role(int peer, bool send, const DevCopyTask* tasks, uint32_
   char* other = peerArea_[peer];
   auto* state = reinterpret_cast<ChannelPairState*>(area_ + stateAt(mine));
   chan::Role r{};
-  r.send = send ? 1 : 0;
+  r.kind = send ? chan::kProduce : chan::kConsume;
   r.peer = static_cast<uint32_t>(peer);
   r.ntasks = ntasks;
   r.split = dims_.split;

@@ -31,7 +31,7 @@ struct Direction {
 
   chan::Role role(bool send, uint32_t peer, const std::vector<DevCopyTask>& tasks) {
     chan::Role r{};
-    r.send = send ? 1 : 0;
+    r.kind = send ? chan::kProduce : chan::kConsume;
     r.peer = peer;
     r.ntasks = static_cast<uint32_t>(tasks.size());
     r.split = d.split;
@@ -47,7 +47,10 @@ struct Direction {
   }
 };
 
-const auto kCopy = [](char* to, const char* from, uint64_t n, bool) { std::memcpy(to, from, n); };
+const auto kCopy = [](char* to, const char* from, uint64_t n, bool) {
+  if (to != nullptr && from != nullptr) std::memcpy(to, from, n);
+  return true;
+};
 
 // One operation's messages from one rank to the other, with their source and destination buffers
 // and the bytes the destination must hold afterwards.

@@ -48,7 +48,7 @@ struct Program {
   // Runs until done or maxPolls polls, the clock at nowNs; true when the launch finished.
   bool run(RunState& st, uint64_t nowNs, int maxPolls = 1000) {
     auto copy = [this](const Step& s) { copies.push_back(static_cast<int>(s.value)); };
-    auto ringCopy = [](char*, const char*, uint64_t, bool) {};
+    auto ringCopy = [](char*, const char*, uint64_t, bool) { return true; };
     for (int i = 0; i < maxPolls; ++i)
       if (runSteps(block, headerOf(block)->steps, st, nowNs, copy, ringCopy)) return true;
     return false;

@@ -70,9 +70,10 @@ void runOp(char* block, uint32_t first, uint32_t count) {
   // A ring role's bytes: the caller's rows are checked as a kernel's accesses are (the ring
   // slots lie in the channel areas mapped at init).
   const auto ringCopy = [](char* to, const char* from, uint64_t n, bool toUser) {
-    if (toUser ? twincuda::checkAccess(to, n, true, "opKernel")
-               : twincuda::checkAccess(from, n, false, "opKernel"))
-      std::memcpy(to, from, n);
+    const bool ok = toUser ? twincuda::checkAccess(to, n, true, "opKernel")
+                           : twincuda::checkAccess(from, n, false, "opKernel");
+    if (ok && to != nullptr && from != nullptr) std::memcpy(to, from, n);
+    return ok;
   };
   while (!op::runSteps(block, first + count, st, static_cast<uint64_t>(nowNs()), copy, ringCopy))
     std::this_thread::yield();
