@@ -44,6 +44,9 @@ struct RowStream {
   // Receive side: where the engine publishes how many leading bytes have landed so far (what a
   // forwarder's gates read); nullptr: not published.
   size_t* landed = nullptr;
+  // Send side of a pull operation (engine.h's Op::pullRun): the rows go through the pair's channel
+  // instead of being offered (the receiver cannot map this buffer).
+  bool push = false;
 
   size_t bytes() const { return nrows * rowBytes; }
   bool contiguous() const { return rows == nullptr && fanStart == nullptr && produce == nullptr; }

@@ -39,6 +39,7 @@ class Channels {
   // Frees this rank's area (the comm's teardown, once no stream uses it).
   void release(Communicator& c);
   size_t areaBytes() const { return total_; }
+  const chan::RingDims& dims() const { return dims_; }
 
  private:
   size_t stateAt(int j) const { return j * stateBytes_; }

@@ -51,10 +51,9 @@ struct AgreeValue {
 // The communicator's scratch slots (Communicator::scratch), one per use, so no two uses that can
 // be in flight together share a buffer.
 enum ScratchSlot : int {
-  kLandingScratch = 1,     // host MoE combine: partial rows landing at the source
-  kStagingScratch = 2,     // host MoE NODE dispatch: rows a forwarder or relay passes on
-  kExpertCopyScratch = 3,  // CUDA MoE combine: a mappable copy of an unregistered expertOut
-  kInPlaceScratch = 5,     // CUDA in-place fuscoAllToAll: a copy of the send side
+  kLandingScratch = 1,  // host MoE combine: partial rows landing at the source
+  kStagingScratch = 2,  // host MoE NODE dispatch: rows a forwarder or relay passes on
+  kInPlaceScratch = 5,  // CUDA in-place fuscoAllToAll: a copy of the send side
 };
 
 class Communicator final : public BridgeLink {

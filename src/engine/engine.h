@@ -10,11 +10,13 @@
 // straight from source rows into the final rows (one copy).
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/arg_check.h"
+#include "device/device_ops.h"
 #include "device/row_copy.h"
 #include "engine/communicator.h"
 #include "fusco.h"
@@ -22,6 +24,39 @@
 namespace fusco {
 
 enum class OpKind : uint32_t { AllToAll = 1, AllToAllv = 2, Group = 3, Shuffle = 4, Moe = 5 };
+
+// A pull operation's sum (Op::pullRun): when a peer pushes its rows instead of offering its
+// buffer, the operation's ring step computes it itself, reading those rows in the pair's channel
+// (device/chan_reduce.h). `terms` as the reading kernel gets them (its bases unused); termSeq:
+// each term's slot in this rank's packed slot order (rank r's rows after its lower peers' message
+// rows). terms.termStart null: no such sum (every peer must offer).
+struct PullSum {
+  DevFinalSum terms;
+  const uint32_t* termSeq = nullptr;
+  uint64_t hidden = 0;
+  fuscoDataType_t dt = fuscoFloat32;
+};
+
+// A pull operation's reading: run enqueues this rank's reading kernel (see Op::pullRun), sum says
+// what it computes.
+struct PullRead {
+  using Run =
+      std::function<fuscoResult_t(const char* const* bases, const uint32_t* basesAligned, void*)>;
+  PullRead() = default;
+  PullRead(std::nullptr_t) {}  // NOLINT(google-explicit-constructor): "no pull", as for a function
+  PullRead(Run r, const PullSum& s) : run(std::move(r)), sum(s) {}
+  PullRead& operator=(std::nullptr_t) {
+    run = nullptr;
+    sum = PullSum{};
+    return *this;
+  }
+  explicit operator bool() const { return static_cast<bool>(run); }
+  fuscoResult_t operator()(const char* const* bases, const uint32_t* aligned, void* s) const {
+    return run(bases, aligned, s);
+  }
+  Run run;
+  PullSum sum;
+};
 
 // What one rank sends to and receives from one peer, in order.
 struct PeerWork {
@@ -58,8 +93,9 @@ struct Op {
   // It is enqueued before the peers are known: `bases` (device-visible, one per peer) and
   // `basesAligned` (a word: 1 when every base is 16-byte aligned, 2 when not, 0 when the operation
   // did not resolve and the kernel must read nothing) are filled before the kernel runs.
-  std::function<fuscoResult_t(const char* const* bases, const uint32_t* basesAligned, void* stream)>
-      pullRun;
+  // A send stream marked `push` (row_copy.h) is not offered: its rows go through the pair's
+  // channel, and the receiver's ring step computes pullRun.sum itself (the word is then 0).
+  PullRead pullRun;
 
   // An operation whose sizes are known only once earlier stream work has run (a capacity plan's
   // lists, docs/DESIGN.md "Planning on the GPU"): `late` runs before the operation resolves (on

@@ -78,7 +78,6 @@ fuscoResult_t writeParams(Communicator& c, const Pending& pd, const DeviceTasks&
   StreamOps& ops = *c.streamOps();
   FUSCO_CHECK(ops.fillBatches(t.a, host + l.offA, l.slotsA));
   FUSCO_CHECK(ops.fillBatches(t.b, host + l.offB, l.slotsB));
-  if (!pd.op.pullRun) FUSCO_CHECK(writeRoles(c, pd.op, l, pd.block, t));
   if (pd.op.pullRun) {
     bool aligned = true;
     for (size_t p = 0; p < t.bases.size(); ++p) {
@@ -86,10 +85,11 @@ fuscoResult_t writeParams(Communicator& c, const Pending& pd, const DeviceTasks&
       std::memcpy(host + l.offBases + p * sizeof(base), &base, sizeof(base));
       aligned = aligned && (reinterpret_cast<uintptr_t>(t.bases[p]) & 15) == 0;
     }
-    const uint32_t word = aligned ? 1 : 2;  // 0 (never resolved): the reading kernel skips
+    // 0 (never resolved, or summed by the ring step): the reading kernel skips.
+    const uint32_t word = t.reduce ? 0 : aligned ? 1 : 2;
     std::memcpy(host + l.offAligned, &word, sizeof(word));
   }
-  return fuscoSuccess;
+  return writeRoles(c, pd.op, l, pd.block, t);
 }
 
 void resolve(Communicator& c, Pending& pd) {

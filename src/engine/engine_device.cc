@@ -96,11 +96,24 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
 
 namespace {
 
-// A pull operation: the mapped buffer each peer offered for this rank to read.
+// A pull operation's message from p pushed through the pair's channel (its sender could not
+// offer it): the reduce role reads it in place, so its task only sizes it.
+DevCopyTask pushedMessage(const PairHeader& t, const RowStream& recv) {
+  DevCopyTask m;
+  m.rowBytes = recv.rowBytes;
+  m.totalBytes = t.sendBytes[0];
+  m.nrows = recv.rowBytes ? m.totalBytes / recv.rowBytes : 0;
+  return m;
+}
+
+// A pull operation: the mapped buffer each peer offered for this rank to read, or the rows it
+// pushes (its offer the staged token), and this rank's own pushes.
 fuscoResult_t pullBases(Communicator& c, const Op& op, const std::vector<PairHeader>& theirs,
                         const std::vector<bool>& moves, DeviceTasks* out) {
   const int n = c.nranks(), me = c.rank();
   out->bases.assign(n, nullptr);
+  out->ringSend.assign(n, {});
+  out->ringRecv.assign(n, {});
   for (int p = 0; p < n; ++p) {
     if (!moves[p])
       continue;  // one message per pair and one offer per message: checked before the verdict
@@ -108,13 +121,27 @@ fuscoResult_t pullBases(Communicator& c, const Op& op, const std::vector<PairHea
       if (!op.peers[me].sends.empty()) out->bases[me] = op.peers[me].sends[0].base;
       continue;
     }
+    const RowStream* mine = op.peers[p].sends.empty() ? nullptr : &op.peers[p].sends[0];
+    if (mine != nullptr && mine->push && mine->bytes() > 0) {
+      DevCopyTask t;
+      FUSCO_CHECK(copyTask(*mine, RowStream::flat(nullptr, mine->bytes()), op.name, &t));
+      out->ringSend[p].push_back(t);
+    }
     const PairHeader& t = theirs[p];
     if (t.sendBytes.empty() || t.sendBytes[0] == 0) continue;
+    if (!t.sendTokens.empty() && t.sendTokens[0] == kStagedToken) {
+      if (!op.pullRun.sum.terms.termStart || op.peers[p].recvs.empty() || !c.channels().has(p))
+        return FUSCO_FAIL(fuscoInternalError, kEngine,
+                          "%s: rank %d pushes its rows, which this operation cannot sum", op.name,
+                          p);
+      out->ringRecv[p].push_back(pushedMessage(t, op.peers[p].recvs[0]));
+      out->reduce = true;
+      continue;
+    }
     const PeerConn& pc = c.conn(p);
-    void* base =
-        t.sendTokens.empty() || t.sendTokens[0] == kStagedToken || pc.ops->peerPointer == nullptr
-            ? nullptr
-            : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
+    void* base = t.sendTokens.empty() || pc.ops->peerPointer == nullptr
+                     ? nullptr
+                     : pc.ops->peerPointer(pc.tc, p, t.sendTokens[0], t.sendExtents[0]);
     if (base == nullptr)
       return FUSCO_FAIL(fuscoUnhandledCudaError, kEngine,
                         "%s: cannot map the buffer rank %d offered", op.name, p);

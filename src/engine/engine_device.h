@@ -4,7 +4,9 @@
 // offered a buffer its peers have mapped (fuscoMemAlloc, registered); else through the pair's
 // channel (channels.h): the sender's kernel produces it into the ring, the receiver's consumes it
 // into its final rows. A pull operation (Op::pullRun) turns this around: each sender offers its own
-// buffer and each receiver's kernel reads every peer's buffer in one pass.
+// buffer and each receiver's kernel reads every peer's buffer in one pass; a sender that cannot
+// offer its buffer pushes its rows through the pair's channel instead, and the receiver's ring
+// step then computes the sum itself (device/chan_reduce.h).
 #pragma once
 
 #include <vector>
@@ -33,7 +35,9 @@ fuscoResult_t deviceOffers(Communicator& c, const Op& op, const std::vector<bool
 // rows into final rows), `b` once every sender's data is in place (a remote peer's rows from the
 // bridge's area); ringSend[p] / ringRecv[p] are the messages to and from p through their channel,
 // in message order (a send's sources, a receive's destinations); a pull operation has `bases`
-// instead (one per peer, this rank's own for itself, nullptr: no message). ready: the tasks were
+// instead (one per peer, this rank's own for itself, nullptr: no message or pushed), its pushes
+// in ringSend and the messages pushed to it in ringRecv (each read in place by the reduce role,
+// which runs when `reduce`). ready: the tasks were
 // built (pairs that disagree have none). Peers on other nodes (net_bridge.h): `a` gathers this
 // rank's rows for such a peer into the bridge's send area and `b` scatters the peer's rows from its
 // receive area; shipped[p] and landed[p] are the bytes each holds for this operation (host
@@ -42,6 +46,7 @@ struct DeviceTasks {
   std::vector<DevCopyTask> a, b;
   std::vector<std::vector<DevCopyTask>> ringSend, ringRecv;  // [peer]
   std::vector<const char*> bases;
+  bool reduce = false;
   struct Bridged {
     const char* send = nullptr;
     size_t sendBytes = 0;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/result.h"
+#include "device/chan_reduce.h"
 #include "device/op_program.h"
 #include "engine/communicator.h"
 #include "exec/progress.h"
@@ -97,14 +98,54 @@ ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, si
   l.offBases = l.offB + l.slotsB * batch;
   l.offAligned = l.offBases + (op.pullRun ? n * sizeof(char*) : 0);
   l.offRings = l.offAligned + 16;
-  if (!op.pullRun) {
-    l.roles = 2 * static_cast<size_t>(involvedPeers);
-    l.ringTasks = tasksA + tasksB;
-  }
-  l.bytes = l.offRings + sizeof(chan::RoleTable) + l.roles * sizeof(chan::Role) +
-            l.ringTasks * sizeof(DevCopyTask);
+  // A pull operation's pushes, the feeds pushed to it and its reduce role (chan_reduce.h).
+  l.roles = 2 * static_cast<size_t>(involvedPeers) + (op.pullRun ? 1 : 0);
+  l.ringTasks = tasksA + tasksB;
+  l.offReduce = l.offRings + sizeof(chan::RoleTable) + l.roles * sizeof(chan::Role) +
+                l.ringTasks * sizeof(DevCopyTask);
+  l.offReduce = (l.offReduce + 15) / 16 * 16;
+  const size_t reduce =
+      sizeof(chan::ReduceArgs) + n * (sizeof(uint64_t) + sizeof(int32_t) + sizeof(chan::FeedState));
+  l.bytes = l.offReduce + (op.pullRun ? reduce : 0);
   return l;
 }
+
+namespace {
+
+// A pull operation's reduce role: the sum it computes (op.pullRun.sum), the bases the progress
+// thread wrote, each rank's first packed slot and the feeds' roles (feedOf).
+chan::Role reduceRole(const Op& op, const ParamLayout& l, const ParamBlock& b,
+                      const std::vector<int32_t>& feedOf) {
+  const size_t n = feedOf.size();
+  const size_t offSeq = l.offReduce + sizeof(chan::ReduceArgs);
+  const size_t offFeeds = offSeq + n * sizeof(uint64_t);
+  const size_t offFeedOf = offFeeds + n * sizeof(chan::FeedState);
+  auto* seqBase = reinterpret_cast<uint64_t*>(b.host + offSeq);
+  uint64_t rows = 0;
+  for (size_t q = 0; q < n; ++q) {
+    seqBase[q] = rows;
+    if (!op.peers[q].recvs.empty()) rows += op.peers[q].recvs[0].nrows;
+  }
+  std::memcpy(b.host + offFeedOf, feedOf.data(), n * sizeof(int32_t));
+  const DevFinalSum& f = op.pullRun.sum.terms;
+  auto at = [](const void* p) { return reinterpret_cast<uint64_t>(p); };
+  chan::ReduceArgs a{};
+  a.termStart = at(f.termStart), a.termRank = at(f.termRank), a.termRow = at(f.termRow);
+  a.termSeq = at(op.pullRun.sum.termSeq), a.termWeight = at(f.termWeight);
+  a.termLast = at(f.termLast), a.weights = at(f.weights), a.out = at(f.out);
+  a.bases = at(b.mapped + l.offBases), a.seqBase = at(b.mapped + offSeq);
+  a.feedOf = at(b.mapped + offFeedOf), a.feeds = at(b.mapped + offFeeds);
+  a.ntokens = f.ntokens, a.hidden = op.pullRun.sum.hidden;
+  a.dt = static_cast<uint32_t>(op.pullRun.sum.dt);
+  std::memcpy(b.host + l.offReduce, &a, sizeof(a));
+  chan::Role r{};
+  r.kind = chan::kReduce;
+  r.ntasks = static_cast<uint32_t>(n);
+  r.tasks = at(b.mapped + l.offReduce);
+  return r;
+}
+
+}  // namespace
 
 fuscoResult_t writeRoles(Communicator& c, const Op& op, const ParamLayout& l, const ParamBlock& b,
                          const DeviceTasks& t) {
@@ -115,18 +156,23 @@ fuscoResult_t writeRoles(Communicator& c, const Op& op, const ParamLayout& l, co
   chan::Role* roles = chan::rolesOf(table);
   uint32_t count = 0;
   size_t used = 0;
+  // A pull operation's messages from its peers are feeds, read in place by its reduce role.
+  std::vector<int32_t> feedOf(c.nranks(), -1);
   for (size_t p = 0; p < t.ringSend.size(); ++p)
     for (const bool send : {true, false}) {
       const std::vector<DevCopyTask>& list = send ? t.ringSend[p] : t.ringRecv[p];
       if (list.empty()) continue;
-      if (count == l.roles || used + list.size() > l.ringTasks)
+      if (count + 1 + (t.reduce ? 1 : 0) > l.roles || used + list.size() > l.ringTasks)
         return FUSCO_FAIL(fuscoInternalError, kEngine, "%s: more ring roles than reserved",
                           op.name);
       std::copy(list.begin(), list.end(), tasksHost + used);
-      roles[count++] = c.channels().role(static_cast<int>(p), send, tasksMapped + used,
-                                         static_cast<uint32_t>(list.size()));
+      chan::Role r = c.channels().role(static_cast<int>(p), send, tasksMapped + used,
+                                       static_cast<uint32_t>(list.size()));
+      if (op.pullRun && !send) r.kind = chan::kFeed, feedOf[p] = static_cast<int32_t>(count);
+      roles[count++] = r;
       used += list.size();
     }
+  if (t.reduce) roles[count++] = reduceRole(op, l, b, feedOf);
   reinterpret_cast<chan::RoleTable*>(table)->count = count;
   return fuscoSuccess;
 }
@@ -171,6 +217,8 @@ fuscoResult_t enqueueStream(Communicator& c, Op& op, const PairFlags& f, uint64_
   uint32_t firstLaunch = 0;
   if (op.pullRun) {
     FUSCO_CHECK(handshake(c, f, w, 1, true, op::kPhaseReady, "its buffer to be ready"));
+    // Rows pushed instead of offered, and the sum over them (chan_reduce.h), if any.
+    FUSCO_CHECK(w.rings(b.mapped + l.offRings));
     firstLaunch = w.count();
     FUSCO_CHECK(handshake(c, f, w, 0, false, op::kPhaseDone, "it to finish reading"));
   } else {

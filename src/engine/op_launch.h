@@ -25,7 +25,7 @@ struct ParamLayout {
   size_t steps = 0;                 // room for this many program steps, after the header
   size_t slotsA = 0, slotsB = 0;    // copy batches before and after "done"
   size_t roles = 0, ringTasks = 0;  // room for ring roles and their messages (chan_roles.h)
-  size_t offA = 0, offB = 0, offBases = 0, offAligned = 0, offRings = 0, bytes = 0;
+  size_t offA = 0, offB = 0, offBases = 0, offAligned = 0, offRings = 0, offReduce = 0, bytes = 0;
 };
 ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, size_t tasksA,
                       size_t tasksB);
@@ -46,7 +46,8 @@ struct PairFlags {
 };
 
 // The progress thread: the operation's ring roles (t.ringSend, t.ringRecv) into its block, where
-// its ring step reads them.
+// its ring step reads them; a pull operation's messages from its peers as feeds, and its reduce
+// role when any (t.reduce).
 fuscoResult_t writeRoles(Communicator& c, const Op& op, const ParamLayout& l, const ParamBlock& b,
                          const DeviceTasks& t);
 

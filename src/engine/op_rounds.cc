@@ -67,8 +67,9 @@ void OpRunner::buildHeaders() {
   }
 }
 
-// A pull operation: every send stream's buffer, offered to its receiver (which reads it). Pull
-// operations run on the GPU only, with one message per pair.
+// A pull operation: every send stream's buffer, offered to its receiver (which reads it), or the
+// staged token for a stream pushed through the pair's channel. Pull operations run on the GPU
+// only, with one message per pair.
 void OpRunner::offerSends(int p, PairHeader* h) {
   const char* why = !onDevice() ? "runs on the GPU only"
                     : op_.peers[p].sends.size() > 1 || op_.peers[p].recvs.size() > 1
@@ -81,6 +82,11 @@ void OpRunner::offerSends(int p, PairHeader* h) {
   }
   for (const auto& s : op_.peers[p].sends) {
     uint64_t token = kStagedToken;
+    if (s.push) {  // through the pair's channel: nothing to offer
+      h->sendTokens.push_back(token);
+      h->sendExtents.push_back(s.bytes());
+      continue;
+    }
     const size_t extent = s.extentBytes();
     if (s.bytes() > 0 && (extent < s.bytes() || !c_.offerToken(p, s.base, extent, &token))) {
       op_.argStatus = fuscoInternalError;

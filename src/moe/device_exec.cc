@@ -4,14 +4,18 @@
 // expert-major rows (replicated per local expert). Combine: one pull operation; each source's
 // kernel reads its tokens' rows straight from every rank's expert output (mapped through CUDA
 // IPC) and writes the weighted sum in the fixed order of docs/API.md: one pass, no partials, no
-// landing area, and the routing weights never leave the source.
+// landing area, and the routing weights never leave the source. A rank whose expert output a
+// peer cannot map pushes that peer's rows through their channel instead, and the peer's
+// operation sums them where they lie in the ring (device/chan_reduce.h), with the same bits.
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/datatype.h"
+#include "device/chan_reduce.h"
 #include "device/device_ops.h"
+#include "engine/channels.h"
 #include "moe/moe.h"
 #include "moe/moe_exec.h"
 
@@ -54,24 +58,33 @@ fuscoResult_t markListsUsed(MoeHandle& h, void* stream) {
 
 }  // namespace
 
-void deviceCombineStreams(const MoeHandle& h, bool sized, const char* offered, size_t rowOut,
-                          size_t extent, std::vector<PeerWork>* work) {
+void deviceCombineStreams(const MoeHandle& h, bool sized, const char* expertOut, size_t rowOut,
+                          size_t extent, const std::vector<bool>& push,
+                          std::vector<PeerWork>* work) {
   for (size_t p = 0; p < work->size(); ++p) {
     PeerWork& w = (*work)[p];
-    RowStream s = RowStream::indexed(offered, rowOut, nullptr, sized ? h.sizes.slotsFrom[p] : 0);
-    s.extent = extent;
+    const size_t rows = sized ? h.sizes.slotsFrom[p] : 0;
+    RowStream s = RowStream::indexed(expertOut, rowOut, nullptr, rows);
+    if (push[p]) {
+      // p's rows in p's slot order: the fan rows p sent in dispatch, one per slot.
+      s.rows = sized ? h.dev.recvFanRows[p] : nullptr;
+      s.push = true;
+    } else {
+      s.extent = extent;
+    }
     w.sends.assign(1, s);
     w.recvs.assign(1, RowStream::indexed(nullptr, rowOut, nullptr, sized ? h.sizes.slotsTo[p] : 0));
   }
 }
 
-LateSizes deviceCombineLate(MoeHandle& h, const char* offered, size_t rowOut, size_t extent) {
+LateSizes deviceCombineLate(MoeHandle& h, const char* expertOut, size_t rowOut, size_t extent,
+                            const std::vector<bool>& push) {
   MoeHandle* hp = &h;
-  return [hp, offered, rowOut, extent](Op& op) {
+  return [hp, expertOut, rowOut, extent, push](Op& op) {
     if (planFailed(*hp, "fuscoMoeCombine", op)) return fuscoSuccess;
     // Sized from the plan now: a zero-byte message would leave the peer's base unmapped (null)
     // while the sum kernel reads that peer's rows.
-    deviceCombineStreams(*hp, true, offered, rowOut, extent, &op.peers);
+    deviceCombineStreams(*hp, true, expertOut, rowOut, extent, push, &op.peers);
     noteCombineStats(*hp, op.peers, rowOut);
     return fuscoSuccess;
   };
@@ -118,38 +131,65 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
   return markListsUsed(h, stream);
 }
 
+namespace {
+
+// The peers that cannot map this rank's expert output (fuscoMemAlloc'd or registered memory is
+// mapped by every local peer): its rows go to them through the pair's channel instead, and their
+// ring steps sum them where they lie (docs/DESIGN.md, "Combine: pull where offered, push
+// otherwise"). A token's rows from one rank must fit the ring's window (chan_reduce.h).
+std::vector<bool> combinePushes(const MoeHandle& h, const void* expertOut, size_t rowOut,
+                                size_t extent, ArgCheck* a) {
+  Communicator& c = *h.comm;
+  const int n = c.nranks(), me = c.rank();
+  std::vector<bool> push(n, false);
+  uint64_t token = 0;
+  bool any = false;
+  for (int p = 0; p < n && extent > 0; ++p)
+    any = (push[p] = p != me && !c.offerToken(p, expertOut, extent, &token)) || any;
+  if (any && a->ok() &&
+      !chan::reduceWindowFits(c.channels().dims(), static_cast<uint64_t>(h.topk), rowOut))
+    a->fail(
+        "fuscoMoeCombine: expertOut is not memory every local peer maps (fuscoMemAlloc, "
+        "fuscoCommRegister), so its rows go through the pairs' channels, whose slots cannot hold "
+        "%d rows of %zu bytes at once; raise FUSCO_CUDA_RING_BYTES or FUSCO_CUDA_RING_SLOTS, or "
+        "allocate expertOut with fuscoMemAlloc",
+        h.topk, rowOut);
+  return push;
+}
+
+// The sum the ring step computes when a peer pushes (engine.h's PullSum).
+PullSum pullSum(const MoeHandle& h, const DevFinalSum& f, fuscoDataType_t dt, size_t hidden) {
+  PullSum s;
+  s.terms = f;
+  s.termSeq = h.bySteps ? h.steps.plan.send.termSrc : h.dev.termSeq;
+  s.hidden = hidden;
+  s.dt = dt;
+  return s;
+}
+
+}  // namespace
+
 fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
                             const float* topkWeights, void* out, ArgCheck a, void* stream,
                             std::vector<PeerWork>* workOut) {
   Communicator& c = *h.comm;
-  const int n = c.nranks(), me = c.rank();
   const size_t rowOut = hidden * dataTypeSize(dt);
   if (a.status == fuscoSuccess) joinFailure(c.useDevice(), &a);
   if (a.status == fuscoSuccess) joinFailure(h.devBuffer.waitUploaded(stream), &a);
-  // Peers read this rank's expert output in place when every one of them can map it (fuscoMemAlloc
-  // or registered), else a copy of it in the comm's scratch.
+  // Peers read this rank's expert output in place when they can map it (fuscoMemAlloc or
+  // registered); the others get its rows pushed through their channel.
   const size_t extent = h.recvRowsBound() * rowOut;
-  const char* offered = static_cast<const char*>(expertOut);
-  bool mappable = true;
-  uint64_t token = 0;
-  for (int p = 0; p < n && mappable && extent > 0 && a.status == fuscoSuccess; ++p)
-    mappable = p == me || c.offerToken(p, expertOut, extent, &token);
-  if (a.status == fuscoSuccess && !mappable) {
-    char* copy = nullptr;
-    joinFailure(c.scratchOn(kExpertCopyScratch, extent, stream, &copy), &a);
-    if (copy != nullptr)
-      joinFailure(deviceCopy({flatCopyTask(expertOut, copy, extent)}, stream), &a);
-    offered = copy;
-  }
+  const char* rows = static_cast<const char*>(expertOut);
+  const std::vector<bool> push = combinePushes(h, expertOut, rowOut, extent, &a);
   // One pull operation: the message from p is the (t, k) rows this rank sent p, read by this
-  // rank's sum kernel in p's expert output.
+  // rank's sum kernel in p's expert output, or pushed by p.
   std::vector<PeerWork>& work = *workOut;
   // A capacity plan's sizes are known on the progress thread only: placeholders now, the real
   // streams from the late operation.
   const bool sized = h.capacity == 0;
-  if (a.status == fuscoSuccess) deviceCombineStreams(h, sized, offered, rowOut, extent, &work);
+  if (a.status == fuscoSuccess) deviceCombineStreams(h, sized, rows, rowOut, extent, push, &work);
   LateSizes late;
-  if (a.status == fuscoSuccess && !sized) late = deviceCombineLate(h, offered, rowOut, extent);
+  if (a.status == fuscoSuccess && !sized) late = deviceCombineLate(h, rows, rowOut, extent, push);
   // The ranks' mapped bases are filled in by the progress thread once the peers agreed
   // (engine_async.h); the kernel reads them when the stream reaches it. A plan by the steps keeps
   // its terms where its buffer was carved (known before a capacity plan resolves).
@@ -170,7 +210,8 @@ fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t
     f.basesAligned = basesAligned;
     return deviceFinalSum(dt, hidden, f, s);
   };
-  FUSCO_CHECK(runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true, sum, std::move(late)));
+  FUSCO_CHECK(runMoeOp(c, "fuscoMoeCombine", a, work, false, stream, true,
+                       PullRead(sum, pullSum(h, f, dt, hidden)), std::move(late)));
   return markListsUsed(h, stream);
 }
 

@@ -29,7 +29,7 @@ void put(char* host, size_t off, const std::vector<T>& v) {
 // Where each list lies in the packed buffer: per rank, then the padding ranges and the terms.
 struct Sections {
   std::vector<size_t> sRows, rFan, sK, rStart, rRows;  // [nranks]
-  size_t pad = 0, tstart = 0, trank = 0, trow = 0, twt = 0, tlast = 0, bytes = 0;
+  size_t pad = 0, tstart = 0, trank = 0, trow = 0, twt = 0, tlast = 0, tseq = 0, bytes = 0;
 };
 
 void placeSections(const MoeHandle& h, Sections* sec) {
@@ -50,6 +50,7 @@ void placeSections(const MoeHandle& h, Sections* sec) {
   sec->tstart = pk.take(st.start.size() * 4), sec->trank = pk.take(st.rank.size() * 4);
   sec->trow = pk.take(st.row.size() * 8), sec->twt = pk.take(st.weight.size() * 8);
   sec->tlast = pk.take(st.last.size());
+  sec->tseq = pk.take(st.seq.size() * 4);
   sec->bytes = pk.at;
 }
 
@@ -68,6 +69,7 @@ void fillHost(const MoeHandle& h, const Sections& sec, char* host) {
   put(host, sec.trow, st.row);
   put(host, sec.twt, st.weight);
   put(host, sec.tlast, st.last);
+  put(host, sec.tseq, st.seq);
 }
 
 // The device addresses of the lists (d: the buffer's device side), into h.dev.
@@ -91,6 +93,7 @@ void pointDevicePlan(const Sections& sec, const char* d, MoeHandle& h) {
   dv.termRow = reinterpret_cast<const int64_t*>(d + sec.trow);
   dv.termWeight = reinterpret_cast<const int64_t*>(d + sec.twt);
   dv.termLast = reinterpret_cast<const uint8_t*>(d + sec.tlast);
+  dv.termSeq = reinterpret_cast<const uint32_t*>(d + sec.tseq);
 }
 
 }  // namespace

@@ -52,16 +52,18 @@ fuscoResult_t deviceDispatch(MoeHandle& h, const void* x, size_t rowBytes, void*
 fuscoResult_t deviceCombine(MoeHandle& h, const void* expertOut, fuscoDataType_t dt, size_t hidden,
                             const float* topkWeights, void* out, ArgCheck a, void* stream,
                             std::vector<PeerWork>* work);
-// Combine's messages on a CUDA comm, one pull message per peer p: this rank offers `offered`
-// (`extent` bytes, its expert output or a mappable copy) for the h.sizes.slotsFrom[p] rows p reads
-// there, and reads h.sizes.slotsTo[p] rows of p's. Unsized (a capacity plan before it resolved):
-// zero-byte placeholders, one per pair.
-void deviceCombineStreams(const MoeHandle& h, bool sized, const char* offered, size_t rowOut,
-                          size_t extent, std::vector<PeerWork>* work);
+// Combine's messages on a CUDA comm, one pull message per peer p: this rank offers its expert
+// output (`extent` bytes) for the h.sizes.slotsFrom[p] rows p reads there, or, where push[p] (p
+// cannot map it), pushes those rows in p's slot order; and it gets h.sizes.slotsTo[p] rows of
+// p's. Unsized (a capacity plan before it resolved): zero-byte placeholders, one per pair.
+void deviceCombineStreams(const MoeHandle& h, bool sized, const char* expertOut, size_t rowOut,
+                          size_t extent, const std::vector<bool>& push,
+                          std::vector<PeerWork>* work);
 // A capacity plan's combine, sized on the progress thread (Op::late) once the plan resolved: the
 // streams above from the plan's sizes and the call's traffic, or the call's failure on every rank
 // when the plan failed.
-LateSizes deviceCombineLate(MoeHandle& h, const char* offered, size_t rowOut, size_t extent);
+LateSizes deviceCombineLate(MoeHandle& h, const char* expertOut, size_t rowOut, size_t extent,
+                            const std::vector<bool>& push);
 // This rank's traffic in the operation it ran (fuscoMoeGetStats), under h.statsMu: a capacity
 // plan's dispatch and combine note it on the progress thread, once sized.
 void noteDispatchStats(MoeHandle& h, const std::vector<PeerWork>& work, size_t rowBytes);

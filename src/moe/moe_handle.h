@@ -113,6 +113,7 @@ struct MoeHandle {
     const int64_t* termRow = nullptr;
     const int64_t* termWeight = nullptr;
     const uint8_t* termLast = nullptr;
+    const uint32_t* termSeq = nullptr;  // each term's packed slot (rows a peer pushes back)
     // Their host side (plan/moe_plan.h's planSumTerms), kept for the next upload.
     MoeSumTerms terms;
   } dev;

@@ -389,8 +389,11 @@ void planSumTerms(const MoeSendPlan& send, const std::vector<std::vector<int64_t
                   MoeSumTerms* out) {
   const int n = static_cast<int>(send.rows.size());
   std::vector<size_t> cursor(n, 0);
+  std::vector<uint32_t> slotBase(n, 0);
+  for (int r = 1; r < n; ++r)
+    slotBase[r] = slotBase[r - 1] + static_cast<uint32_t>(send.kSlots[r - 1].size());
   out->start.assign(1, 0);
-  out->rank.clear(), out->row.clear(), out->weight.clear(), out->last.clear();
+  out->rank.clear(), out->row.clear(), out->weight.clear(), out->last.clear(), out->seq.clear();
   for (size_t t = 0; t < send.numTokens; ++t) {
     for (int r = 0; r < n; ++r) {
       const auto& rows = send.rows[r];
@@ -400,6 +403,7 @@ void planSumTerms(const MoeSendPlan& send, const std::vector<std::vector<int64_t
         for (uint32_t j = send.kStart[r][cur]; j < send.kStart[r][cur + 1]; ++j) {
           out->rank.push_back(static_cast<uint32_t>(r));
           out->row.push_back(remoteFanRows[r][j]);
+          out->seq.push_back(slotBase[r] + j);
           out->weight.push_back(static_cast<int64_t>(t) * send.topk + send.kSlots[r][j]);
           out->last.push_back(0);
         }

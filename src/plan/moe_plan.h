@@ -135,6 +135,9 @@ struct MoeSumTerms {
   std::vector<uint32_t> start, rank;
   std::vector<int64_t> row, weight;
   std::vector<uint8_t> last;
+  // Each term's slot in this rank's packed slot order (every rank's slots, rank by rank): where
+  // its row lies in the rows a peer pushes back in combine.
+  std::vector<uint32_t> seq;
 };
 // Fills *out from this rank's send plan, reusing its vectors' capacity.
 void planSumTerms(const MoeSendPlan& send, const std::vector<std::vector<int64_t>>& remoteFanRows,

@@ -46,9 +46,8 @@ fuscoResult_t planCapacity(fuscoComm_t comm, int rank, const CombineSetup& s, co
 
 // Plan + dispatch + combine enqueued behind a 2 s spin: all return within 1 s; then the bytes.
 // Class E's reproducer (docs/TESTING.md, "Failure classes"): the handle's first plan allocates its
-// buffers and combine copies the cudaMalloc'd expertOut into a buffer it allocates, and each
-// allocation may wait for the device (behind the spin), so the check fails with "waited for the
-// stream"; ctest passes this test by that message while it does.
+// buffers, which may wait for the device (behind the spin), so the check fails with "waited for
+// the stream" (the bytes are exact); ctest passes this test by that message while it does.
 TEST(GpuMoeCapacity, PlanDispatchCombineOnlyEnqueueAndMatchTheReference) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
@@ -167,10 +166,10 @@ TEST(GpuMoeCapacity, ReplanOnlyEnqueuesBehindABusyStream) {
 }
 
 // The smallest case of combine after a capacity plan: 2 ranks, no spin, the expert output
-// unregistered (a mappable copy is offered) and from the comm's arena (offered in place). Every
-// rank reads its peer's rows: the late operation must size each pair's message from the plan, or
-// the peer's base stays unmapped and the sum kernel reads through a null pointer (an illegal
-// address at the synchronize). The stats count the rows the peer read.
+// unregistered (its rows pushed through the channel) and from the comm's arena (offered in
+// place). Every rank reads its peer's rows: the late operation must size each pair's message from
+// the plan, or the peer's base stays unmapped and the sum kernel reads through a null pointer (an
+// illegal address at the synchronize). The stats count the rows the peer read.
 void combineAfterCapacityPlan(const RankCtx& ctx, fuscoComm_t comm, cudaStream_t st,
                               const CombineSetup& s, Mem outKind) {
   const std::string what = std::string("expertOut ") + memName(outKind);

@@ -500,9 +500,10 @@ void replayMoe(fuscoComm_t comm, const RankCtx& ctx, const CombineSetup& s, int 
   FUSCO_EXPECT_OK(comm, fuscoMoeHandleDestroy(h));
 }
 
-// RANK: recvX from fuscoMemAlloc (rows land in place), expertOut from cudaMalloc (combine copies
-// it into the graph's own buffer); NONE the other way round. One rank has no tokens, and expert
-// alignment adds padding rows, which every replay must zero again over the poison.
+// RANK: recvX from fuscoMemAlloc (rows land in place), expertOut from cudaMalloc (combine pushes
+// its rows through the channels, and each replay sums them in the ring); NONE the other way round.
+// One rank has no tokens, and expert alignment adds padding rows, which every replay must zero
+// again over the poison.
 TEST(GpuGraph, MoeDispatchCombineReplays) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();

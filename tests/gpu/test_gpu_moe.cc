@@ -325,10 +325,10 @@ TEST(GpuMoeCombine, EveryBufferKindForExpertOutAndOut) {
 }
 
 // Class A (docs/TESTING.md, "Failure classes"): the first combine of an expertOut from plain
-// cudaMalloc. The library copies it into a buffer it exports inside the call, and a peer maps new
-// buffers when it enters a call: rank 0 enters 200 ms after its peers, so each has looked before
-// the copy exists. Until combine reads through memory mapped before the call, the combine fails
-// with "not mappable by its peers"; ctest passes this test by that message while it does.
+// cudaMalloc, rank 0 entering 200 ms after its peers. The library once copied it into a buffer it
+// exported inside the call, which the peers, having looked for new buffers when they entered,
+// could not map. Now no peer can map it, so its rows are pushed through the channels and each
+// peer sums them where they lie; the bytes equal the reference.
 TEST(GpuMoeCombine, FirstCombineOfAnUnregisteredExpertOutIsExact) {
   FUSCO_GPU_REQUIRE();
   const uint64_t seed = fusco::test::testSeed();
