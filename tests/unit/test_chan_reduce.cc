@@ -13,6 +13,7 @@
 
 #include "device/chan_roles.h"
 #include "device/reduce.h"
+#include "unit/chan_test_ring.h"
 
 namespace {
 
@@ -21,37 +22,13 @@ using namespace fusco;
 constexpr int kRanks = 3;
 constexpr uint32_t kPush = 1;  // the rank that pushes its rows to rank 0
 
-const auto kCopy = [](char* to, const char* from, uint64_t n, bool) {
-  if (to != nullptr && from != nullptr) std::memcpy(to, from, n);
-  return true;
-};
+const auto kCopy = fusco::test::chanCopy;
 
-// Rank 1 -> rank 0: the ring (rank 0's slots and tail, rank 1's head) and both sides' state.
-struct Ring10 {
-  chan::RingDims d;
-  std::vector<char> slots;
-  uint64_t tails[chan::kMaxSplit] = {}, heads[chan::kMaxSplit] = {};
-  chan::ProducerCursor prod[chan::kMaxSplit] = {};
-  chan::ConsumerCursor cons[chan::kMaxSplit] = {};
-  uint64_t prodEpoch = 0, consEpoch = 0;
-  explicit Ring10(chan::RingDims dims) : d(dims), slots(chan::pairBytes(dims)) {}
-
+// Rank 1 -> rank 0: the ring and both sides' state; one message each way.
+struct Ring10 : fusco::test::ChanDirection {
+  using ChanDirection::ChanDirection;
   chan::Role role(chan::RoleKind kind, uint32_t peer, const DevCopyTask* task) {
-    chan::Role r{};
-    r.kind = kind;
-    r.peer = peer;
-    r.ntasks = 1;
-    r.split = d.split;
-    r.depth = d.slots;
-    r.slotBytes = d.slotBytes;
-    r.tasks = reinterpret_cast<uint64_t>(task);
-    r.slots = reinterpret_cast<uint64_t>(slots.data());
-    r.tails = reinterpret_cast<uint64_t>(tails);
-    r.heads = reinterpret_cast<uint64_t>(heads);
-    const bool send = kind == chan::kProduce;
-    r.cursors = send ? reinterpret_cast<uint64_t>(prod) : reinterpret_cast<uint64_t>(cons);
-    r.epoch = reinterpret_cast<uint64_t>(send ? &prodEpoch : &consEpoch);
-    return r;
+    return ChanDirection::role(kind, peer, task, 1);
   }
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device/chan_roles.h"
+#include "unit/chan_test_ring.h"
 
 namespace {
 
@@ -18,39 +19,16 @@ using namespace fusco;
 
 constexpr char kPoison = static_cast<char>(0xA5);
 
-// One direction of a pair: its ring (the consumer's slots and tails, the producer's heads) and
-// both sides' state.
-struct Direction {
-  chan::RingDims d;
-  std::vector<char> slots;
-  uint64_t tails[chan::kMaxSplit] = {}, heads[chan::kMaxSplit] = {};
-  chan::ProducerCursor prod[chan::kMaxSplit] = {};
-  chan::ConsumerCursor cons[chan::kMaxSplit] = {};
-  uint64_t prodEpoch = 0, consEpoch = 0;
-  explicit Direction(chan::RingDims dims) : d(dims), slots(chan::pairBytes(dims)) {}
-
+// A ring direction's roles for a list of messages.
+struct Direction : fusco::test::ChanDirection {
+  using ChanDirection::ChanDirection;
   chan::Role role(bool send, uint32_t peer, const std::vector<DevCopyTask>& tasks) {
-    chan::Role r{};
-    r.kind = send ? chan::kProduce : chan::kConsume;
-    r.peer = peer;
-    r.ntasks = static_cast<uint32_t>(tasks.size());
-    r.split = d.split;
-    r.depth = d.slots;
-    r.slotBytes = d.slotBytes;
-    r.tasks = reinterpret_cast<uint64_t>(tasks.data());
-    r.slots = reinterpret_cast<uint64_t>(slots.data());
-    r.tails = reinterpret_cast<uint64_t>(tails);
-    r.heads = reinterpret_cast<uint64_t>(heads);
-    r.cursors = send ? reinterpret_cast<uint64_t>(prod) : reinterpret_cast<uint64_t>(cons);
-    r.epoch = reinterpret_cast<uint64_t>(send ? &prodEpoch : &consEpoch);
-    return r;
+    return ChanDirection::role(send ? chan::kProduce : chan::kConsume, peer, tasks.data(),
+                               static_cast<uint32_t>(tasks.size()));
   }
 };
 
-const auto kCopy = [](char* to, const char* from, uint64_t n, bool) {
-  if (to != nullptr && from != nullptr) std::memcpy(to, from, n);
-  return true;
-};
+const auto kCopy = fusco::test::chanCopy;
 
 // One operation's messages from one rank to the other, with their source and destination buffers
 // and the bytes the destination must hold afterwards.
