@@ -104,9 +104,11 @@ ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, si
   l.offReduce = l.offRings + sizeof(chan::RoleTable) + l.roles * sizeof(chan::Role) +
                 l.ringTasks * sizeof(DevCopyTask);
   l.offReduce = (l.offReduce + 15) / 16 * 16;
-  const size_t reduce =
-      sizeof(chan::ReduceArgs) + n * (sizeof(uint64_t) + sizeof(int32_t) + sizeof(chan::FeedState));
-  l.bytes = l.offReduce + (op.pullRun ? reduce : 0);
+  // The reduce role's arguments, then per rank its first packed slot, feed state and feed role.
+  l.offSeqBase = l.offReduce + sizeof(chan::ReduceArgs);
+  l.offFeeds = l.offSeqBase + n * sizeof(uint64_t);
+  l.offFeedOf = l.offFeeds + n * sizeof(chan::FeedState);
+  l.bytes = op.pullRun ? l.offFeedOf + n * sizeof(int32_t) : l.offReduce;
   return l;
 }
 
@@ -117,24 +119,21 @@ namespace {
 chan::Role reduceRole(const Op& op, const ParamLayout& l, const ParamBlock& b,
                       const std::vector<int32_t>& feedOf) {
   const size_t n = feedOf.size();
-  const size_t offSeq = l.offReduce + sizeof(chan::ReduceArgs);
-  const size_t offFeeds = offSeq + n * sizeof(uint64_t);
-  const size_t offFeedOf = offFeeds + n * sizeof(chan::FeedState);
-  auto* seqBase = reinterpret_cast<uint64_t*>(b.host + offSeq);
+  auto* seqBase = reinterpret_cast<uint64_t*>(b.host + l.offSeqBase);
   uint64_t rows = 0;
   for (size_t q = 0; q < n; ++q) {
     seqBase[q] = rows;
     if (!op.peers[q].recvs.empty()) rows += op.peers[q].recvs[0].nrows;
   }
-  std::memcpy(b.host + offFeedOf, feedOf.data(), n * sizeof(int32_t));
+  std::memcpy(b.host + l.offFeedOf, feedOf.data(), n * sizeof(int32_t));
   const DevFinalSum& f = op.pullRun.sum.terms;
   auto at = [](const void* p) { return reinterpret_cast<uint64_t>(p); };
   chan::ReduceArgs a{};
   a.termStart = at(f.termStart), a.termRank = at(f.termRank), a.termRow = at(f.termRow);
   a.termSeq = at(op.pullRun.sum.termSeq), a.termWeight = at(f.termWeight);
   a.termLast = at(f.termLast), a.weights = at(f.weights), a.out = at(f.out);
-  a.bases = at(b.mapped + l.offBases), a.seqBase = at(b.mapped + offSeq);
-  a.feedOf = at(b.mapped + offFeedOf), a.feeds = at(b.mapped + offFeeds);
+  a.bases = at(b.mapped + l.offBases), a.seqBase = at(b.mapped + l.offSeqBase);
+  a.feedOf = at(b.mapped + l.offFeedOf), a.feeds = at(b.mapped + l.offFeeds);
   a.ntokens = f.ntokens, a.hidden = op.pullRun.sum.hidden;
   a.dt = static_cast<uint32_t>(op.pullRun.sum.dt);
   std::memcpy(b.host + l.offReduce, &a, sizeof(a));

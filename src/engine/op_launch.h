@@ -25,7 +25,10 @@ struct ParamLayout {
   size_t steps = 0;                 // room for this many program steps, after the header
   size_t slotsA = 0, slotsB = 0;    // copy batches before and after "done"
   size_t roles = 0, ringTasks = 0;  // room for ring roles and their messages (chan_roles.h)
-  size_t offA = 0, offB = 0, offBases = 0, offAligned = 0, offRings = 0, offReduce = 0, bytes = 0;
+  size_t offA = 0, offB = 0, offBases = 0, offAligned = 0, offRings = 0, bytes = 0;
+  // A pull operation's reduce role (chan_reduce.h): its ReduceArgs, then per rank seqBase,
+  // FeedState and feedOf.
+  size_t offReduce = 0, offSeqBase = 0, offFeeds = 0, offFeedOf = 0;
 };
 ParamLayout layoutFor(StreamOps& ops, const Op& op, int n, int involvedPeers, size_t tasksA,
                       size_t tasksB);
